@@ -1,0 +1,119 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
+)
+
+// unreachable is a client for an address where nothing listens.
+func unreachable(t *testing.T) *redis.Client {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// loseReply is a go-redis hook that lets the next n lock scripts reach the server and
+// then reports a network error, as when a reply is lost after the server applied it.
+type loseReply struct{ n atomic.Int32 }
+
+func (h *loseReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *loseReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *loseReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if isLockScript(cmd) && err == nil && h.n.Add(-1) >= 0 {
+			cmd.SetErr(io.ErrUnexpectedEOF)
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+}
+
+var _ redis.Hook = (*loseReply)(nil)
+
+func isLockScript(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	return len(args) > 1 && (args[1] == lockScript.Hash() || args[1] == lockLua)
+}
+
+func TestLostReplyDoesNotLeak(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		hook := &loseReply{}
+		b.rdb.AddHook(hook)
+		c := New(b.rdb)
+		ctx := context.Background()
+		key := uniqueKey(t)
+
+		hook.n.Store(1)
+		_, err := c.TryLock(ctx, key, time.Hour)
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, ErrNotObtained, "an unknown outcome is an error, not a verdict")
+		locked, lerr := c.Locked(ctx, key)
+		require.NoError(t, lerr)
+		assert.False(t, locked, "the attempt whose reply was lost must not hold the key for its hour")
+
+		// Positive control: without the clean-up the key would stay held.
+		hook.n.Store(1)
+		a, err := c.newAcquisition(key, time.Hour, nil)
+		require.NoError(t, err)
+		_, err = lockScript.Run(ctx, b.rdb, []string{a.rkey, a.rkey + fenceSuffix}, a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds()).Result()
+		require.Error(t, err)
+		locked, lerr = c.Locked(ctx, key)
+		require.NoError(t, lerr)
+		assert.True(t, locked, "control: the hook lets the write through and hides the reply")
+	})
+}
+
+func TestLostReplyRetriedThroughProxy(t *testing.T) {
+	// A real reply lost on the wire: the proxy forwards the script, drops Redis's
+	// answer and resets the connection; go-redis retries on a new connection. The
+	// retry must find our own token and succeed, not report "not obtained".
+	rdb := sharedServer(t)
+	p := redistest.NewProxy(t, rdb.Options().Addr)
+	via := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
+	t.Cleanup(func() { via.Close() })
+	c := New(via)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	warm, err := c.TryLock(ctx, key+":warm", time.Minute) // loads the script: the next reply is the answer
+	require.NoError(t, err)
+	require.NoError(t, warm.Unlock(ctx))
+
+	p.DropReplies(1)
+	l, err := c.TryLock(ctx, key, time.Minute)
+	require.NoError(t, err, "the retried attempt must find its own token")
+	assert.Equal(t, 1, p.Dropped(), "a reply was dropped")
+	val, err := rdb.Get(ctx, c.redisKey(key)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, val[len(val)-len(l.Token()):], l.Token(), "our token holds the key")
+	require.NoError(t, l.Unlock(ctx))
+
+	// Positive control: the same fault breaks a plain SET NX, which reports "not set"
+	// while its own first write holds the key.
+	p.DropReplies(1)
+	ok, err := via.SetNX(ctx, key+":naive", "tok", time.Minute).Result()
+	if err == nil {
+		assert.False(t, ok, "control: plain SET NX after a lost reply reports not set")
+	} else {
+		assert.True(t, errors.Is(err, io.EOF) || err != nil)
+	}
+	assert.Equal(t, "tok", rdb.Get(ctx, key+":naive").Val(), "control: the naive write landed")
+}

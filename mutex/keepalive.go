@@ -1,0 +1,153 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+type lockContextKey struct{}
+
+// FromContext returns the lock that WithLock runs fn under, from fn's context or one
+// derived from it. It reports false elsewhere.
+func FromContext(ctx context.Context) (*Lock, bool) {
+	l, ok := ctx.Value(lockContextKey{}).(*Lock)
+	return l, ok
+}
+
+// WithLock takes the lock on key for ttl as Lock does (waiting unless MaxWait(0)),
+// runs fn while holding it, and releases it when fn returns or panics.
+//
+// While fn runs the lease is renewed every ttl/3. If Redis says the lock is no longer
+// ours, or renewals fail until the lease would have ended on this process's own
+// monotonic clock (a partition, a long pause), fn's context is cancelled at once, with
+// a cause wrapping ErrNotHeld, and WithLock returns an error wrapping ErrNotHeld
+// joined with fn's error: another holder may have overlapped with fn. The lock is
+// available to fn through FromContext, for its fencing token.
+//
+// WithLock returns the error of taking the lock (ErrNotObtained, ctx's error, a Redis
+// error) without calling fn; otherwise fn's error, joined with any error of the
+// release (a release Redis could not confirm frees itself when the lease runs out).
+// No goroutine outlives the call. It is safe for concurrent use; fn must honour its
+// context to benefit from the cancellation.
+func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) (err error) {
+	if fn == nil {
+		return errors.New("mutex: WithLock with nil fn")
+	}
+	a, err := c.newAcquisition(key, ttl, opts)
+	if err != nil {
+		return err
+	}
+	l, err := c.acquire(ctx, a)
+	if err != nil {
+		return err
+	}
+
+	fctx, cancelFn := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
+	kctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	lost := make(chan error, 1)
+	go func() { lost <- l.keepAlive(kctx, ttl, cancelFn) }()
+
+	defer func() {
+		stop()
+		leaseErr := <-lost
+		cancelFn(context.Canceled)
+		rctx, rcancel := releaseContext(ctx, ttl)
+		uerr := l.Unlock(rctx)
+		rcancel()
+		if leaseErr == nil && errors.Is(uerr, ErrNotHeld) {
+			leaseErr = fmt.Errorf("mutex: lease on %q ended before the release: %w", key, ErrNotHeld)
+		}
+		switch {
+		case leaseErr != nil:
+			err = errors.Join(leaseErr, err)
+		case uerr != nil:
+			err = errors.Join(err, uerr)
+		}
+	}()
+	return fn(fctx)
+}
+
+// releaseContext is ctx, or when ctx is already done, a context that still lets the
+// release through for a bounded time: a lock must not stay held for a whole lease
+// because the caller's context ended.
+func releaseContext(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), min(ttl, 5*time.Second))
+}
+
+// keepAlive renews l every ttl/3 until ctx is done. When the lease is lost, or cannot
+// be renewed before it ends on our own clock, it cancels fn through cancel and returns
+// an error wrapping ErrNotHeld; otherwise it returns nil.
+//
+// A renewal runs in its own goroutine so that a Redis that does not answer cannot
+// delay the cancellation past the lease's end (go-redis honours a context's deadline
+// only with ContextTimeoutEnabled). keepAlive waits for it before returning.
+func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.CancelCauseFunc) error {
+	every := max(ttl/3, time.Millisecond)
+	next := time.Now().Add(every)
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	var (
+		inflight chan error // non-nil while a renewal runs
+		sent     time.Time
+		lastErr  error
+	)
+	defer func() {
+		if inflight != nil {
+			<-inflight
+		}
+	}()
+	for {
+		wake := l.validUntil()
+		if inflight == nil && next.Before(wake) {
+			wake = next
+		}
+		timer.Reset(max(time.Until(wake), 0))
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-inflight:
+			inflight = nil
+			switch {
+			case err == nil:
+				lastErr = nil
+				next = sent.Add(every)
+			case errors.Is(err, ErrNotHeld):
+				err = fmt.Errorf("mutex: lease on %q lost: %w", l.key, ErrNotHeld)
+				cancel(err)
+				return err
+			case ctx.Err() != nil:
+				return nil
+			default:
+				// Redis did not answer: try again soon, well before the lease ends.
+				lastErr = err
+				next = time.Now().Add(every/8 + rand.N(every/8+time.Millisecond))
+			}
+			continue
+		case <-timer.C:
+		}
+		now := time.Now()
+		until := l.validUntil()
+		if !now.Before(until) {
+			err := fmt.Errorf("mutex: lease on %q ran out before it could be renewed: %w", l.key, ErrNotHeld)
+			if lastErr != nil {
+				err = errors.Join(err, lastErr)
+			}
+			cancel(err)
+			return err
+		}
+		if inflight == nil && !now.Before(next) {
+			inflight, sent = make(chan error, 1), now
+			go func(res chan<- error) {
+				rctx, rcancel := context.WithDeadline(ctx, until)
+				defer rcancel()
+				res <- l.Extend(rctx, ttl)
+			}(inflight)
+		}
+	}
+}

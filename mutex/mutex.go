@@ -1,0 +1,400 @@
+// Package mutex is a distributed lock on Redis: token-safe, idempotent under lost
+// replies, one round trip per step, with fencing tokens and waiters that are woken
+// when the holder releases instead of polling.
+//
+// Most callers want [Client.WithLock]: it takes the lock (waiting if asked), renews
+// the lease while fn runs, cancels fn's context the moment the lease is lost, and
+// always releases. [Client.TryLock] and [Client.Lock] return a [Lock] to manage by
+// hand.
+//
+// A lock on a single Redis is an efficiency lock: it keeps two workers from doing the
+// same job at once nearly always, but a process pause longer than the lease, a
+// failover that loses the key, or a restart without persistence can let two holders
+// overlap. Where overlap would corrupt data, pass [Lock.Fence] to the resource and
+// have it reject any write carrying a fence lower than one it has seen.
+//
+// Keys: the Redis key of a lock is prefix + "{" + encoded key + "}" and its fencing
+// counter is that plus ":fence", so both share one Redis Cluster hash slot. The
+// encoding escapes '%', '{', '}' and '#' (braces in a key cannot move the slot) and
+// replaces keys longer than 256 bytes after escaping by their first 64 bytes, '#' and
+// a SHA-256 digest, so distinct keys never share a Redis key and every key is bounded.
+package mutex
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// ErrNotObtained means another holder has the lock: at once for TryLock, or for
+	// the whole wait of Lock and WithLock. When the wait ended because the context was
+	// done, the error returned is errors.Join(ErrNotObtained, ctx.Err()).
+	ErrNotObtained = errors.New("mutex: not obtained")
+
+	// ErrNotHeld means the lock is no longer ours: its lease expired or another token
+	// holds the key. Unlock and Extend return it (wrapped) and change nothing; WithLock
+	// returns it (wrapped) when the lease was lost while fn ran.
+	ErrNotHeld = errors.New("mutex: not held")
+)
+
+const (
+	// DefaultPrefix is the prefix of every Redis key and channel a Client uses unless
+	// Prefix says otherwise.
+	DefaultPrefix = "asynqmutex:"
+
+	fenceSuffix = ":fence"
+
+	// fenceRetention is how long a fencing counter outlives the last acquisition of its
+	// key. Afterwards it is reseeded from the server clock (see lock.lua), which keeps
+	// memory bounded for keys that are locked once (a payment ID) and fences increasing.
+	fenceRetention = 7 * 24 * time.Hour
+
+	maxKeyLen  = 256 // longer encoded keys are digested
+	keepOfLong = 64  // bytes of a digested key kept readable
+)
+
+// Client takes locks on one Redis deployment. Create it with New; it is safe for
+// concurrent use by many goroutines, and one Client per process is enough: its
+// waiters share one subscription connection, opened while someone waits and closed
+// shortly after the last waiter leaves. A Client needs no Close.
+type Client struct {
+	rdb    redis.UniversalClient
+	prefix string
+	hub    *hub
+}
+
+// Option configures a Client in New.
+type Option interface{ apply(*Client) }
+
+type optionFunc func(*Client)
+
+func (f optionFunc) apply(c *Client) { f(c) }
+
+// Prefix sets the prefix of the Redis keys and channels the Client uses. The default
+// is DefaultPrefix ("asynqmutex:"). Clients that should exclude each other must use
+// the same prefix. Prefix panics if p contains '{' or '}', which would break the hash
+// slot shared by a lock and its fencing counter.
+func Prefix(p string) Option {
+	if strings.ContainsAny(p, "{}") {
+		panic(fmt.Sprintf("mutex.Prefix: prefix %q must not contain '{' or '}'", p))
+	}
+	return optionFunc(func(c *Client) { c.prefix = p })
+}
+
+// New returns a Client that keeps its locks in rdb, which may be a single-node,
+// Sentinel failover or Cluster client. The scripts are sent with EVALSHA and loaded on
+// first use, so New does no I/O. New panics if rdb is nil.
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	if rdb == nil {
+		panic("mutex.New: nil redis client")
+	}
+	c := &Client{rdb: rdb, prefix: DefaultPrefix}
+	for _, o := range opts {
+		o.apply(c)
+	}
+	c.hub = newHub(c)
+	return c
+}
+
+// LockOption configures one acquisition in TryLock, Lock and WithLock.
+type LockOption interface{ applyLock(*lockConfig) }
+
+type lockConfig struct {
+	maxWait time.Duration // < 0: until the context is done
+	token   string
+}
+
+type lockOptionFunc func(*lockConfig)
+
+func (f lockOptionFunc) applyLock(c *lockConfig) { f(c) }
+
+// MaxWait bounds how long Lock and WithLock wait for a busy key before they return
+// ErrNotObtained. MaxWait(0) makes a single attempt, like TryLock. Without MaxWait
+// they wait until the lock is obtained or the context is done. TryLock ignores it.
+// A negative d is treated as 0.
+func MaxWait(d time.Duration) LockOption {
+	if d < 0 {
+		d = 0
+	}
+	return lockOptionFunc(func(c *lockConfig) { c.maxWait = d })
+}
+
+// Token sets the token that identifies this acquisition instead of a random 128-bit
+// one. An acquisition whose token already holds the key succeeds at once and returns
+// the original fence, so a process that restarts with the same token (for example a
+// job ID) reclaims its own lock rather than waiting out the lease. Two holders using
+// the same token at the same time both "hold" the lock: a token must identify one
+// holder. Token panics if s is empty.
+func Token(s string) LockOption {
+	if s == "" {
+		panic("mutex.Token: empty token")
+	}
+	return lockOptionFunc(func(c *lockConfig) { c.token = s })
+}
+
+// Lock is a held lock. Its methods are safe for concurrent use; Unlock and the other
+// methods are safe on a nil *Lock, which holds nothing.
+type Lock struct {
+	c     *Client
+	key   string // the caller's key
+	rkey  string // the Redis key
+	token string
+	fence int64
+
+	mu    sync.Mutex
+	until time.Time // lease end on our own monotonic clock, conservatively
+}
+
+// Key returns the key the lock was taken on, as the caller gave it.
+func (l *Lock) Key() string {
+	if l == nil {
+		return ""
+	}
+	return l.key
+}
+
+// Token returns the token of this acquisition: the one given with the Token option,
+// or a random one. It is a secret of the holder: whoever knows it can release the lock.
+func (l *Lock) Token() string {
+	if l == nil {
+		return ""
+	}
+	return l.token
+}
+
+// Fence returns the fencing token of this acquisition: strictly greater than the
+// fence of every earlier acquisition of the same key (see the package doc for the
+// limits). Pass it to the resource you protect and have it reject lower fences.
+func (l *Lock) Fence() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.fence
+}
+
+// TTL returns the remaining lease as Redis sees it. It returns an error wrapping
+// ErrNotHeld when the lock is no longer ours, and a wrapped Redis error when Redis
+// cannot be reached.
+func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
+	if l == nil {
+		return 0, ErrNotHeld
+	}
+	n, err := pttlScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token).Int64()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("mutex: ttl of %q: %w", l.key, err)
+	case n == -3:
+		return 0, fmt.Errorf("mutex: ttl of %q: %w", l.key, ErrNotHeld)
+	case n < 0:
+		return -1, nil // no expiry: someone removed it by hand
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+// Extend replaces the remaining lease with ttl if the lock is still ours. It returns
+// an error wrapping ErrNotHeld (and changes nothing) when the lease expired or another
+// token holds the key, and a wrapped Redis error when Redis cannot be reached; it is
+// safe to repeat. ttl is rounded down to whole milliseconds and must be at least 1ms.
+func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return ErrNotHeld
+	}
+	if ttl < time.Millisecond {
+		return fmt.Errorf("mutex: extend %q: ttl %v is below 1ms", l.key, ttl)
+	}
+	sent := time.Now()
+	n, err := extendScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return fmt.Errorf("mutex: extend %q: %w", l.key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("mutex: extend %q: %w", l.key, ErrNotHeld)
+	}
+	l.mu.Lock()
+	l.until = leaseEnd(sent, ttl)
+	l.mu.Unlock()
+	return nil
+}
+
+// Unlock releases the lock and wakes one waiter per Client waiting for the key. It
+// returns an error wrapping ErrNotHeld when the lease had expired or another token
+// holds the key (then nothing changes), and a wrapped Redis error when Redis cannot be
+// reached (then the key frees itself when the lease runs out). Unlock on a nil *Lock
+// returns ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
+func (l *Lock) Unlock(ctx context.Context) error {
+	if l == nil {
+		return ErrNotHeld
+	}
+	n, err := l.c.release(ctx, l.rkey, l.token)
+	if err != nil {
+		return fmt.Errorf("mutex: unlock %q: %w", l.key, err)
+	}
+	l.mu.Lock()
+	l.until = time.Time{}
+	l.mu.Unlock()
+	if n == 0 {
+		return fmt.Errorf("mutex: unlock %q: %w", l.key, ErrNotHeld)
+	}
+	return nil
+}
+
+// validUntil is when the lease ends on our own clock, allowing for drift between
+// our clock and Redis's. The zero time means released.
+func (l *Lock) validUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.until
+}
+
+// leaseEnd is the conservative end of a lease granted by a command sent at sent:
+// Redis started counting after that, and its clock may run up to 1% faster than ours
+// (the drift allowance of the Redlock analysis, plus 2ms).
+func leaseEnd(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - ttl/100 - 2*time.Millisecond)
+}
+
+// TryLock makes one attempt to take the lock on key for ttl. It returns
+// ErrNotObtained when another holder has it, and a wrapped Redis error when Redis
+// cannot be reached; in that case it first tries to release the key in case the
+// server applied the attempt but its reply was lost, so no lock leaks for a whole
+// lease. ttl is rounded down to whole milliseconds and must be at least 1ms; key must
+// not be empty.
+func (c *Client) TryLock(ctx context.Context, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
+	a, err := c.newAcquisition(key, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	l, _, err := c.attempt(ctx, a)
+	if err == nil && l == nil {
+		err = ErrNotObtained
+	}
+	return l, err
+}
+
+// Locked reports whether anyone holds the lock on key. The answer may be stale by the
+// time it returns; use it for monitoring, not to decide whether to lock.
+func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
+	if key == "" {
+		return false, errors.New("mutex: empty key")
+	}
+	n, err := lockedScript.Run(ctx, c.rdb, []string{c.redisKey(key)}).Int64()
+	if err != nil {
+		return false, fmt.Errorf("mutex: locked %q: %w", key, err)
+	}
+	return n == 1, nil
+}
+
+// acquisition is one call of TryLock, Lock or WithLock: several attempts share its token.
+type acquisition struct {
+	key, rkey string
+	ttl       time.Duration
+	lockConfig
+}
+
+func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption) (*acquisition, error) {
+	if key == "" {
+		return nil, errors.New("mutex: empty key")
+	}
+	if ttl < time.Millisecond {
+		return nil, fmt.Errorf("mutex: lock %q: ttl %v is below 1ms", key, ttl)
+	}
+	a := &acquisition{key: key, rkey: c.redisKey(key), ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	for _, o := range opts {
+		o.applyLock(&a.lockConfig)
+	}
+	if a.token == "" {
+		a.token = newToken()
+	}
+	return a, nil
+}
+
+// attempt runs lock.lua once. It returns the lock, or nil and the holder's remaining
+// lease (-1: none), or an error.
+func (c *Client) attempt(ctx context.Context, a *acquisition) (*Lock, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, errors.Join(ErrNotObtained, err)
+	}
+	sent := time.Now()
+	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + fenceSuffix},
+		a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds()).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if err != nil {
+		c.abandon(ctx, a)
+		if ctx.Err() != nil {
+			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
+		}
+		return nil, 0, fmt.Errorf("mutex: lock %q: %w", a.key, err)
+	}
+	if res[0] == 0 {
+		return nil, time.Duration(res[1]) * time.Millisecond, nil
+	}
+	return &Lock{c: c, key: a.key, rkey: a.rkey, token: a.token, fence: res[0], until: leaseEnd(sent, a.ttl)}, 0, nil
+}
+
+// abandon releases whatever an attempt that ended in an error may have taken: the
+// server may have applied it and lost the reply. It tries for at most a second, and
+// never past the lease, after which the key is free anyway.
+func (c *Client) abandon(ctx context.Context, a *acquisition) {
+	d := min(a.ttl, time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	_, _ = c.release(ctx, a.rkey, a.token)
+}
+
+func (c *Client) release(ctx context.Context, rkey, token string) (int64, error) {
+	return unlockScript.Run(ctx, c.rdb, []string{rkey}, token, rkey).Int64()
+}
+
+func (c *Client) redisKey(key string) string {
+	return c.prefix + "{" + encodeKey(key) + "}"
+}
+
+// encodeKey maps every key to a distinct brace-free string of bounded length: '%',
+// '{', '}' and '#' are percent-escaped, and an escaped key longer than maxKeyLen is
+// cut to keepOfLong bytes followed by '#' and the hex SHA-256 of the whole key. Only
+// digested keys contain a raw '#', so the two forms never meet.
+func encodeKey(key string) string {
+	esc := key
+	if strings.ContainsAny(key, "%{}#") {
+		var b strings.Builder
+		b.Grow(len(key) + 16)
+		for i := 0; i < len(key); i++ {
+			switch ch := key[i]; ch {
+			case '%', '{', '}', '#':
+				b.WriteString(keyEscapes[ch])
+			default:
+				b.WriteByte(ch)
+			}
+		}
+		esc = b.String()
+	}
+	if len(esc) <= maxKeyLen {
+		return esc
+	}
+	head := esc[:keepOfLong]
+	if i := strings.LastIndexByte(head[len(head)-2:], '%'); i >= 0 {
+		head = head[:len(head)-2+i] // do not cut an escape in half
+	}
+	sum := sha256.Sum256([]byte(key))
+	return head + "#" + hex.EncodeToString(sum[:])
+}
+
+var keyEscapes = map[byte]string{'%': "%25", '{': "%7B", '}': "%7D", '#': "%23"}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails: crypto/rand panics rather than return an error
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

@@ -1,0 +1,55 @@
+package asynqmutex
+
+import (
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// IsFailure reports whether err counts as a failure for asynq: false for a
+// *LockedError (a busy key), true otherwise. Install it as asynq.Config.IsFailure, or
+// let Configure chain it with a function you already have.
+func IsFailure(err error) bool {
+	var le *LockedError
+	return !errors.As(err, &le)
+}
+
+// RetryDelay is an asynq.Config.RetryDelayFunc: for a *LockedError it returns its
+// RetryIn plus up to a quarter of it (at least up to a second) of random jitter, so
+// tasks that met on a key do not meet again; for any other error it returns asynq's
+// DefaultRetryDelayFunc. Because asynq passes n, the count of failures, and a busy key
+// is not one, the growing delay for repeated conflicts comes from RetryIn itself.
+func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var le *LockedError
+	if errors.As(err, &le) && le.RetryIn > 0 {
+		return le.RetryIn + rand.N(le.RetryIn/4+time.Second)
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
+}
+
+// Configure returns cfg with IsFailure and RetryDelayFunc set so that a busy key
+// (a *LockedError) is not a failure and is retried after its RetryIn. Functions
+// already set in cfg keep deciding for every other error. Use it when building the
+// server: asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{...})).
+func Configure(cfg asynq.Config) asynq.Config {
+	isFailure, retryDelay := cfg.IsFailure, cfg.RetryDelayFunc
+	cfg.IsFailure = func(err error) bool {
+		if !IsFailure(err) {
+			return false
+		}
+		if isFailure != nil {
+			return isFailure(err)
+		}
+		return true
+	}
+	cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
+		var le *LockedError
+		if errors.As(err, &le) || retryDelay == nil {
+			return RetryDelay(n, err, t)
+		}
+		return retryDelay(n, err, t)
+	}
+	return cfg
+}

@@ -1,0 +1,296 @@
+package asynqmutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// DefaultTTL is the lease of a task's lock unless TTL says otherwise. It matches
+// asynq's own lease on an active task, so a worker that dies frees its key about when
+// asynq hands its task to another worker.
+const DefaultTTL = 30 * time.Second
+
+// Option configures Middleware. Options follow asynq's style: On("id"), TTL(d).
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	key      KeyFunc
+	keySetBy string // "On" or "KeyBy", to refuse both
+	ttl      time.Duration
+	maxWait  time.Duration
+	policy   Policy
+	hook     func(context.Context, *asynq.Task, error)
+}
+
+// On makes the lock key the task type plus the values of these JSON payload fields,
+// so tasks of one type with the same values run one at a time ("customer.id" names
+// the field id inside the object customer). Without On or KeyBy the key is the task
+// type alone: at most one task of each type runs at a time. A task whose payload is
+// not a JSON object or lacks a field is archived at once with an error naming the
+// field (see Middleware). On panics if no field is given or a name is empty.
+func On(fields ...string) Option {
+	if len(fields) == 0 {
+		panic("asynqmutex.On: no field given")
+	}
+	validateFields("asynqmutex.On", fields)
+	fields = append([]string(nil), fields...)
+	return optionFunc(func(c *config) { c.setKey("On", fieldsKey(fields)) })
+}
+
+// KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn
+// archives the task as a malformed payload does. KeyBy panics if fn is nil.
+func KeyBy(fn KeyFunc) Option {
+	if fn == nil {
+		panic("asynqmutex.KeyBy: nil KeyFunc")
+	}
+	return optionFunc(func(c *config) { c.setKey("KeyBy", fn) })
+}
+
+func (c *config) setKey(by string, fn KeyFunc) {
+	if c.keySetBy != "" && c.keySetBy != by {
+		panic("asynqmutex.Middleware: both On and KeyBy given; use one")
+	}
+	c.key, c.keySetBy = fn, by
+}
+
+// TTL sets the lease of a task's lock. The middleware renews it every d/3 while the
+// handler runs, so d bounds how long a key stays locked after its worker died, not how
+// long a handler may run. The default is DefaultTTL (30 s). TTL panics if d < 1ms.
+func TTL(d time.Duration) Option {
+	if d < time.Millisecond {
+		panic(fmt.Sprintf("asynqmutex.TTL: lease %v is below 1ms", d))
+	}
+	return optionFunc(func(c *config) { c.ttl = d })
+}
+
+// MaxWait makes a task whose key is busy wait up to d for it, woken the moment the
+// holder releases it, before the OnConflict policy applies. The default is 0: the
+// policy applies at once. A waiting task occupies one of the server's worker slots,
+// so MaxWait suits keys held briefly; RetryLater suits keys held long. MaxWait panics
+// if d is negative.
+func MaxWait(d time.Duration) Option {
+	if d < 0 {
+		panic(fmt.Sprintf("asynqmutex.MaxWait: negative wait %v", d))
+	}
+	return optionFunc(func(c *config) { c.maxWait = d })
+}
+
+// OnConflict sets what happens when the key stays busy: Skip, Fail or RetryLater(d).
+// The default is RetryLater(DefaultRetryDelay). OnConflict panics on a Policy that
+// none of those returned.
+func OnConflict(p Policy) Option {
+	if !p.valid() {
+		panic(fmt.Sprintf("asynqmutex.OnConflict: invalid policy %d", p))
+	}
+	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// AfterFailure calls fn each time a task runs without its handler because the lock
+// was not obtained: the key was busy (err is a *LockedError), Redis could not be
+// reached, or no key could be derived from the task. It runs on the worker goroutine
+// before the middleware returns, so it should be quick; it must be safe for concurrent
+// use. By default nothing is called. AfterFailure panics if fn is nil.
+func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option {
+	if fn == nil {
+		panic("asynqmutex.AfterFailure: nil function")
+	}
+	return optionFunc(func(c *config) { c.hook = fn })
+}
+
+// Middleware returns asynq middleware that runs each task's handler under a Redis
+// lock on the task's key (see On and KeyBy), so tasks with equal keys never run at
+// the same time on any worker that shares the lock Redis, while tasks with other keys
+// run in parallel. Use it with mux.Use(...) or Middleware(...)(handler).
+//
+// Per task: derive the key; take the lock, waiting up to MaxWait; run the handler
+// while the lease is renewed every TTL/3; release; return the handler's result
+// untouched. When the lease is lost while the handler runs (Redis lost the key, or
+// could not be reached for a whole lease), the handler's context is cancelled and the
+// task fails with an error wrapping mutex.ErrNotHeld that says so. The handler's
+// fencing token is available through Fence.
+//
+// When the lock is not obtained the handler does not run: a busy key is handled by the
+// OnConflict policy and reported to AfterFailure; a Redis error is returned as an
+// ordinary, retryable error; a key that cannot be derived (payload not JSON, a missing
+// field, a KeyBy error) returns an error naming the task and the field, wrapping
+// asynq.SkipRetry, so the task goes to the archive where it can be inspected and run
+// again, rather than retrying in a loop. A task is never run without its lock.
+//
+// Middleware panics if locks is nil or the options conflict. The returned middleware
+// is safe for concurrent use.
+func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
+	if locks == nil {
+		panic("asynqmutex.Middleware: nil *mutex.Client")
+	}
+	m := &middleware{
+		locks:     locks,
+		config:    config{key: taskTypeKey, ttl: DefaultTTL, policy: Policy(DefaultRetryDelay)},
+		conflicts: conflicts{seen: make(map[string]conflict)},
+	}
+	for _, o := range opts {
+		o.apply(&m.config)
+	}
+	return func(next asynq.Handler) asynq.Handler {
+		if next == nil {
+			panic("asynqmutex.Middleware: nil handler")
+		}
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			return m.process(ctx, t, next)
+		})
+	}
+}
+
+type middleware struct {
+	locks *mutex.Client
+	config
+	conflicts conflicts
+}
+
+func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
+	id, _ := asynq.GetTaskID(ctx)
+	key, err := m.key(ctx, t)
+	if err != nil {
+		var ke *keyError
+		if !errors.As(err, &ke) { // a KeyBy error need not name the task
+			err = fmt.Errorf("asynqmutex: task %q: lock key: %w", t.Type(), err)
+		}
+		err = fmt.Errorf("%w; task id %s archived without running: %w", err, id, asynq.SkipRetry)
+		m.failed(ctx, t, err)
+		return err
+	}
+
+	wait := []mutex.LockOption{mutex.MaxWait(m.maxWait)}
+	if m.policy != Skip && m.policy != Fail && lastTry(ctx) {
+		// Any error now would archive the task, contention included: wait for the key
+		// instead, as long as the task's own deadline allows.
+		wait = nil
+	}
+
+	var (
+		ran        bool
+		handlerErr error
+	)
+	err = m.locks.WithLock(ctx, key, m.ttl, func(ctx context.Context) error {
+		ran = true
+		handlerErr = next.ProcessTask(ctx, t)
+		return handlerErr
+	}, wait...)
+
+	if ran {
+		m.conflicts.forget(id)
+		if errors.Is(err, mutex.ErrNotHeld) && !errors.Is(handlerErr, mutex.ErrNotHeld) {
+			return fmt.Errorf("asynqmutex: task %q (id %s): lock %s was lost while the handler ran, so another worker may have run concurrently: %w", t.Type(), id, key, err)
+		}
+		// A release Redis could not confirm needs no retry of the task: the key frees
+		// itself when its lease runs out.
+		return handlerErr
+	}
+	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
+		err = fmt.Errorf("asynqmutex: task %q (id %s): taking lock %s: %w", t.Type(), id, key, err)
+		m.failed(ctx, t, err)
+		return err
+	}
+
+	le := &LockedError{Key: key, taskType: t.Type(), taskID: id}
+	switch m.policy {
+	case Skip:
+		m.failed(ctx, t, le)
+		return nil
+	case Fail:
+		m.failed(ctx, t, le)
+		return fmt.Errorf("asynqmutex: task %q (id %s): lock %s is held by another task: %w", t.Type(), id, key, mutex.ErrNotObtained)
+	}
+	n := m.conflicts.add(id)
+	le.RetryIn = time.Duration(m.policy) << min(n-1, 4)
+	m.failed(ctx, t, le)
+	return le
+}
+
+func (m *middleware) failed(ctx context.Context, t *asynq.Task, err error) {
+	if m.hook != nil {
+		m.hook(ctx, t, err)
+	}
+}
+
+// lastTry reports whether asynq would archive the task for any error it returns now:
+// asynq compares the retry count with MaxRetry before it asks IsFailure.
+func lastTry(ctx context.Context) bool {
+	retried, ok1 := asynq.GetRetryCount(ctx)
+	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
+	return ok1 && ok2 && retried >= maxRetry
+}
+
+// conflicts counts, per task ID, the conflicts a task met in this process, to back off
+// RetryLater. asynq cannot count them: a busy key is not a failure, so the retry count
+// it passes on stays the same. Entries expire, and the map is bounded.
+type conflicts struct {
+	mu   sync.Mutex
+	seen map[string]conflict
+}
+
+type conflict struct {
+	n    int
+	last time.Time
+}
+
+const (
+	conflictMemory = time.Hour
+	maxConflicts   = 100_000
+)
+
+func (c *conflicts) add(id string) int {
+	if id == "" { // not run by an asynq server: nothing to remember it by
+		return 1
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.seen) >= maxConflicts {
+		for k, v := range c.seen {
+			if now.Sub(v.last) > conflictMemory {
+				delete(c.seen, k)
+			}
+		}
+		if len(c.seen) >= maxConflicts {
+			clear(c.seen) // backoff restarts for everyone: bounded memory matters more
+		}
+	}
+	e := c.seen[id]
+	if now.Sub(e.last) > conflictMemory {
+		e.n = 0
+	}
+	e.n++
+	e.last = now
+	c.seen[id] = e
+	return e.n
+}
+
+func (c *conflicts) forget(id string) {
+	c.mu.Lock()
+	delete(c.seen, id)
+	c.mu.Unlock()
+}
+
+// Fence returns the fencing token of the lock the handler runs under: strictly
+// greater than that of any earlier holder of the same key. Pass it to the resource you
+// write to and have it reject writes with a lower fence; that, not the lock alone,
+// keeps a paused or partitioned worker from overwriting newer data. It reports false
+// outside a handler run by Middleware (or mutex.Client.WithLock).
+func Fence(ctx context.Context) (int64, bool) {
+	l, ok := mutex.FromContext(ctx)
+	if !ok {
+		return 0, false
+	}
+	return l.Fence(), true
+}

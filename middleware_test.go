@@ -1,0 +1,316 @@
+package asynqmutex
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+func newLocks(t *testing.T) (*mutex.Client, *miniredis.Miniredis) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return mutex.New(rdb), m
+}
+
+// recorder is an AfterFailure hook that keeps what it was given.
+type recorder struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (r *recorder) hook(_ context.Context, _ *asynq.Task, err error) {
+	r.mu.Lock()
+	r.errs = append(r.errs, err)
+	r.mu.Unlock()
+}
+
+func (r *recorder) got() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]error(nil), r.errs...)
+}
+
+func TestMiddlewareRunsHandlerUnderLock(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	want := errors.New("handler result")
+	var fence int64
+	h := Middleware(locks, On("id"))(asynq.HandlerFunc(func(ctx context.Context, t2 *asynq.Task) error {
+		locked, err := locks.Locked(ctx, `["pay","t1"]`)
+		require.NoError(t, err)
+		assert.True(t, locked, "the handler runs while the key is locked")
+		var ok bool
+		fence, ok = Fence(ctx)
+		assert.True(t, ok)
+		return want
+	}))
+	err := h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"id":"t1"}`)))
+	assert.Same(t, want, err, "the handler's result comes back untouched")
+	assert.Positive(t, fence)
+	locked, err := locks.Locked(ctx, `["pay","t1"]`)
+	require.NoError(t, err)
+	assert.False(t, locked, "released after the handler")
+	_, ok := Fence(ctx)
+	assert.False(t, ok, "no fence outside a handler")
+}
+
+func TestMiddlewareConflictPolicies(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy Policy
+		check  func(t *testing.T, err error)
+	}{
+		{"Skip", Skip, func(t *testing.T, err error) {
+			assert.NoError(t, err, "a skipped task completes")
+		}},
+		{"Fail", Fail, func(t *testing.T, err error) {
+			assert.ErrorIs(t, err, mutex.ErrNotObtained)
+			var le *LockedError
+			assert.False(t, errors.As(err, &le), "Fail is an ordinary error, not a LockedError")
+			assert.True(t, IsFailure(err), "Fail counts as a failure")
+		}},
+		{"RetryLater", RetryLater(3 * time.Second), func(t *testing.T, err error) {
+			var le *LockedError
+			require.True(t, errors.As(err, &le), "got %v, want a *LockedError", err)
+			assert.Equal(t, 3*time.Second, le.RetryIn)
+			assert.Equal(t, `["pay","t1"]`, le.Key)
+			assert.ErrorIs(t, err, mutex.ErrNotObtained)
+			assert.False(t, IsFailure(err), "a busy key is not a failure")
+			assert.Contains(t, err.Error(), `task "pay"`)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			locks, _ := newLocks(t)
+			ctx := context.Background()
+			holder, err := locks.TryLock(ctx, `["pay","t1"]`, time.Minute)
+			require.NoError(t, err)
+			defer holder.Unlock(ctx)
+
+			var rec recorder
+			h := Middleware(locks, On("id"), OnConflict(tt.policy), AfterFailure(rec.hook))(
+				asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+					t.Error("the handler ran without the lock")
+					return nil
+				}))
+			err = h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"id":"t1"}`)))
+			tt.check(t, err)
+			got := rec.got()
+			require.Len(t, got, 1, "AfterFailure calls")
+			var le *LockedError
+			assert.True(t, errors.As(got[0], &le), "the hook gets a *LockedError, got %v", got[0])
+		})
+	}
+}
+
+func TestMiddlewareOtherKeysRun(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	holder, err := locks.TryLock(ctx, `["pay","t1"]`, time.Minute)
+	require.NoError(t, err)
+	defer holder.Unlock(ctx)
+	ran := 0
+	h := Middleware(locks, On("id"))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran++
+		return nil
+	}))
+	for _, p := range []string{`{"id":"t2"}`, `{"id":1}`, `{"id":null}`} {
+		require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("pay", []byte(p))), p)
+	}
+	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("refund", []byte(`{"id":"t1"}`))), "another task type")
+	assert.Equal(t, 4, ran)
+}
+
+func TestMiddlewareMaxWaitWokenByRelease(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	holder, err := locks.TryLock(ctx, `["pay"]`, time.Hour)
+	require.NoError(t, err)
+	ran := make(chan struct{})
+	h := Middleware(locks, MaxWait(time.Minute))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		close(ran)
+		return nil
+	}))
+	done := make(chan error, 1)
+	go func() { done <- h.ProcessTask(ctx, asynq.NewTask("pay", nil)) }()
+	select {
+	case <-ran:
+		t.Fatal("ran while the key was held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, holder.Unlock(ctx))
+	// The holder's lease is an hour: only the release notification lets it run.
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("waiting task not woken by the release")
+	}
+}
+
+func TestMiddlewareBadInput(t *testing.T) {
+	tests := []struct {
+		name, payload string
+		opts          []Option
+		want          []string
+	}{
+		{"not JSON", `{"id":`, []Option{On("id")}, []string{`"pay"`, "JSON"}},
+		{"missing field", `{"other":1}`, []Option{On("id")}, []string{`"pay"`, `"id"`, "missing"}},
+		{"through a string", `{"customer":"c1"}`, []Option{On("customer.id")}, []string{`"pay"`, `"customer.id"`}},
+		{"KeyBy error", `{}`, []Option{KeyBy(func(context.Context, *asynq.Task) (string, error) {
+			return "", errors.New("no tenant header")
+		})}, []string{`"pay"`, "no tenant header"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			locks, _ := newLocks(t)
+			var rec recorder
+			opts := append(tt.opts, AfterFailure(rec.hook))
+			h := Middleware(locks, opts...)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				t.Error("the handler ran without a key")
+				return nil
+			}))
+			err := h.ProcessTask(context.Background(), asynq.NewTask("pay", []byte(tt.payload)))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, asynq.SkipRetry, "archived at once, not retried in a loop")
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assert.Len(t, rec.got(), 1, "AfterFailure calls")
+		})
+	}
+}
+
+func TestMiddlewareRedisDown(t *testing.T) {
+	locks, m := newLocks(t)
+	m.Close()
+	var rec recorder
+	h := Middleware(locks, AfterFailure(rec.hook))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		t.Error("the handler ran without the lock")
+		return nil
+	}))
+	err := h.ProcessTask(context.Background(), asynq.NewTask("pay", nil))
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, asynq.SkipRetry, "a Redis outage is retryable")
+	assert.NotErrorIs(t, err, mutex.ErrNotObtained)
+	assert.True(t, IsFailure(err))
+	assert.Contains(t, err.Error(), `task "pay"`)
+	assert.Len(t, rec.got(), 1)
+}
+
+func TestMiddlewareLeaseLost(t *testing.T) {
+	locks, m := newLocks(t)
+	handlerErr := errors.New("stopped")
+	h := Middleware(locks, TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		m.Del(`asynqmutex:{["pay"]}`)
+		select {
+		case <-ctx.Done():
+			return handlerErr
+		case <-time.After(30 * time.Second):
+			return errors.New("not cancelled")
+		}
+	}))
+	err := h.ProcessTask(context.Background(), asynq.NewTask("pay", nil))
+	assert.ErrorIs(t, err, mutex.ErrNotHeld)
+	assert.ErrorIs(t, err, handlerErr)
+	assert.Contains(t, err.Error(), "lost")
+	assert.True(t, IsFailure(err))
+}
+
+func TestConflictBackoff(t *testing.T) {
+	var c conflicts
+	c.seen = make(map[string]conflict)
+	for i, want := range []int{1, 2, 3} {
+		if got := c.add("a"); got != want {
+			t.Errorf("add #%d = %d, want %d", i, got, want)
+		}
+	}
+	assert.Equal(t, 1, c.add("b"))
+	c.forget("a")
+	assert.Equal(t, 1, c.add("a"), "forgotten after a run")
+	c.seen["old"] = conflict{n: 7, last: time.Now().Add(-2 * conflictMemory)}
+	assert.Equal(t, 1, c.add("old"), "expired")
+	assert.Equal(t, 1, c.add(""), "no task ID")
+}
+
+func TestConfigure(t *testing.T) {
+	locked := &LockedError{Key: "k", RetryIn: 4 * time.Second}
+	other := errors.New("boom")
+	task := asynq.NewTask("pay", nil)
+
+	cfg := Configure(asynq.Config{})
+	assert.False(t, cfg.IsFailure(locked))
+	assert.True(t, cfg.IsFailure(other))
+	for range 100 {
+		d := cfg.RetryDelayFunc(0, locked, task)
+		assert.GreaterOrEqual(t, d, 4*time.Second)
+		assert.Less(t, d, 6*time.Second+time.Millisecond)
+	}
+
+	var calls []string
+	chained := Configure(asynq.Config{
+		IsFailure: func(err error) bool { calls = append(calls, "isFailure"); return false },
+		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+			calls = append(calls, "retryDelay")
+			return time.Minute
+		},
+	})
+	assert.False(t, chained.IsFailure(other), "the user's IsFailure decides other errors")
+	assert.Equal(t, time.Minute, chained.RetryDelayFunc(1, other, task))
+	assert.False(t, chained.IsFailure(locked))
+	assert.GreaterOrEqual(t, chained.RetryDelayFunc(1, locked, task), 4*time.Second)
+	assert.Equal(t, []string{"isFailure", "retryDelay"}, calls, "the user's functions see only their errors")
+}
+
+func TestOptionPanics(t *testing.T) {
+	locks, _ := newLocks(t)
+	tests := []struct {
+		name, want string
+		f          func()
+	}{
+		{"nil client", "asynqmutex.Middleware", func() { Middleware(nil) }},
+		{"On without fields", "asynqmutex.On", func() { On() }},
+		{"On empty field", "asynqmutex.On", func() { On("") }},
+		{"KeyBy nil", "asynqmutex.KeyBy", func() { KeyBy(nil) }},
+		{"both", "asynqmutex.Middleware", func() {
+			Middleware(locks, On("a"), KeyBy(func(context.Context, *asynq.Task) (string, error) { return "", nil }))
+		}},
+		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
+		{"MaxWait", "asynqmutex.MaxWait", func() { MaxWait(-time.Second) }},
+		{"RetryLater", "asynqmutex.RetryLater", func() { RetryLater(time.Millisecond) }},
+		{"OnConflict", "asynqmutex.OnConflict", func() { OnConflict(Policy(0)) }},
+		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
+		{"nil handler", "asynqmutex.Middleware", func() { Middleware(locks)(nil) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				require.NotNil(t, r, "no panic")
+				assert.True(t, strings.Contains(r.(string), tt.want), "panic %q does not name %s", r, tt.want)
+			}()
+			tt.f()
+		})
+	}
+}
+
+func TestPolicyString(t *testing.T) {
+	for p, want := range map[Policy]string{Skip: "Skip", Fail: "Fail", RetryLater(2 * time.Second): "RetryLater(2s)"} {
+		if got := p.String(); got != want {
+			t.Errorf("Policy(%d).String() = %q, want %q", p, got, want)
+		}
+	}
+}

@@ -1,0 +1,87 @@
+package asynqmutex
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// Policy says what the middleware does with a task whose key another task holds
+// (after waiting up to MaxWait). The policies are Skip, Fail and RetryLater(d); the
+// default is RetryLater(DefaultRetryDelay). A Policy is a plain value, safe to share.
+type Policy time.Duration
+
+const (
+	// Skip completes the task without running it: the handler returns nil, so asynq
+	// deletes the task (or keeps it as completed when it has a Retention). Use it for
+	// work that any concurrent run makes redundant, like refreshing a cache.
+	Skip Policy = -1
+
+	// Fail returns an ordinary error wrapping mutex.ErrNotObtained, so asynq retries the
+	// task with its normal backoff, counts the attempt, and archives the task when its
+	// retries are used up.
+	Fail Policy = -2
+)
+
+// DefaultRetryDelay is the delay of the default policy, RetryLater(DefaultRetryDelay).
+// asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
+// default) and stores retry times in whole seconds, so shorter delays are not kept.
+const DefaultRetryDelay = 5 * time.Second
+
+// RetryLater returns the task to asynq to run again after about d without spending
+// its retries: the handler returns a *LockedError with RetryIn = d, doubled for each
+// further conflict of the same task up to 16·d. With Configure, asynq does not count
+// a LockedError as a failure (the retry counter stays as it was and the task is never
+// archived for contention) and RetryDelay adds jitter. Without Configure it is an
+// ordinary error that spends a retry.
+//
+// A task that has no retry left (MaxRetry(0), or retries used up by real failures)
+// would be archived by asynq for any error, so for it the middleware waits for the key
+// instead, until the task's own deadline.
+//
+// RetryLater suits keys held for long; for hot keys held briefly prefer MaxWait, whose
+// waiters are woken the moment the key is released. RetryLater panics if d < 1s,
+// below asynq's resolution.
+func RetryLater(d time.Duration) Policy {
+	if d < time.Second {
+		panic(fmt.Sprintf("asynqmutex.RetryLater: delay %v is below asynq's one-second resolution", d))
+	}
+	return Policy(d)
+}
+
+func (p Policy) valid() bool { return p == Skip || p == Fail || time.Duration(p) >= time.Second }
+
+// String returns "Skip", "Fail" or "RetryLater(d)".
+func (p Policy) String() string {
+	switch p {
+	case Skip:
+		return "Skip"
+	case Fail:
+		return "Fail"
+	}
+	return fmt.Sprintf("RetryLater(%v)", time.Duration(p))
+}
+
+// LockedError is what a task returns under RetryLater when its key was busy. It
+// wraps mutex.ErrNotObtained. Configure makes asynq treat it as no failure and retry
+// the task after RetryIn plus jitter. The AfterFailure hook receives one for every
+// conflict, with RetryIn 0 under Skip and Fail.
+type LockedError struct {
+	Key     string        // the lock key the task needed
+	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
+
+	taskType, taskID string
+}
+
+// Error names the task and the key, and when the task will be tried again.
+func (e *LockedError) Error() string {
+	msg := fmt.Sprintf("asynqmutex: task %q (id %s): lock %s is held by another task", e.taskType, e.taskID, e.Key)
+	if e.RetryIn > 0 {
+		msg += fmt.Sprintf("; retry in %v", e.RetryIn)
+	}
+	return msg
+}
+
+// Unwrap returns mutex.ErrNotObtained.
+func (e *LockedError) Unwrap() error { return mutex.ErrNotObtained }

@@ -66,7 +66,7 @@ const (
 // Client takes locks on one Redis deployment. Create it with New; it is safe for
 // concurrent use by many goroutines, and one Client per process is enough: its
 // waiters share one subscription connection, opened while someone waits and closed
-// shortly after the last waiter leaves. A Client needs no Close.
+// 200ms after the last waiter leaves (see Close).
 type Client struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -104,6 +104,17 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.hub = newHub(c)
 	return c
+}
+
+// Close closes the subscription connection the Client's waiters share, at once
+// rather than 200ms after the last waiter left, so that the redis client can be closed
+// next without go-redis logging a broken connection. Waiters still waiting fall back
+// to trying again when the holder's lease runs out, and a later wait reopens the
+// connection. Locks are not released. Close is optional, idempotent, and safe for
+// concurrent use; it always returns nil.
+func (c *Client) Close() error {
+	c.hub.close()
+	return nil
 }
 
 // LockOption configures one acquisition in TryLock, Lock and WithLock.

@@ -167,15 +167,19 @@ func (h *hub) join(rkey string) *waiter {
 		h.idle.Stop()
 		h.idle = nil
 	}
+	var resync []string // keys that waited through a Close: subscribe them again
 	if h.cur == nil {
 		h.cur = h.start()
+		for k := range h.queues {
+			resync = append(resync, k)
+		}
 	}
 	s := h.cur
 	q := h.queues[rkey]
-	isNew := q == nil
-	if isNew {
+	if q == nil {
 		q = &queue{rkey: rkey, ready: make(chan struct{})}
 		h.queues[rkey] = q
+		resync = append(resync, rkey)
 	}
 	w := &waiter{q: q, wake: make(chan struct{}, 1)}
 	q.waiters = append(q.waiters, w)
@@ -184,8 +188,8 @@ func (h *hub) join(rkey string) *waiter {
 		w.wake <- struct{}{}
 	}
 	h.mu.Unlock()
-	if isNew {
-		h.sync(s, rkey)
+	for _, k := range resync {
+		h.sync(s, k)
 	}
 	return w
 }
@@ -268,14 +272,24 @@ func (h *hub) start() *subscription {
 	return s
 }
 
-func (h *hub) closeIfIdle() {
+func (h *hub) closeIfIdle() { h.shut(false) }
+
+func (h *hub) close() { h.shut(true) }
+
+// shut closes the subscription: when nobody waits, or always when force is set.
+func (h *hub) shut(force bool) {
 	h.mu.Lock()
 	s := h.cur
-	if len(h.queues) > 0 || s == nil {
+	if s == nil || (!force && len(h.queues) > 0) {
 		h.mu.Unlock()
 		return
 	}
-	h.cur, h.idle = nil, nil
+	h.cur = nil
+	if h.idle != nil {
+		h.idle.Stop()
+		h.idle = nil
+	}
+	h.resetLocked() // waiters left behind retry now, then by their holders' leases
 	h.mu.Unlock()
 	close(s.stop)
 	_ = s.ps.Close()
@@ -338,6 +352,12 @@ func (h *hub) released(ch string) {
 func (h *hub) reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.resetLocked()
+}
+
+// resetLocked marks every subscription unconfirmed and wakes every waiter, after
+// releases may have been missed. Called with hub.mu held.
+func (h *hub) resetLocked() {
 	for _, q := range h.queues {
 		q.epoch++
 		if isClosed(q.ready) {

@@ -112,3 +112,45 @@ func TestHubClosesWhenIdle(t *testing.T) {
 		t.Fatal("subscription still open 10 s after the last waiter left")
 	})
 }
+
+func TestCloseWhileWaiting(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		c := New(b.rdb)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		holder, err := c.TryLock(ctx, key, time.Hour)
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			got <- err
+		}()
+		waitForWaiters(t, c, key, 1)
+		require.NoError(t, c.Close())
+		require.NoError(t, c.Close(), "Close is idempotent")
+
+		// A later waiter reopens the subscription for both keys' waiters.
+		second := make(chan error, 1)
+		go func() {
+			l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			second <- err
+		}()
+		waitForWaiters(t, c, key, 2)
+		require.NoError(t, holder.Unlock(ctx))
+		for _, ch := range []chan error{got, second} {
+			select {
+			case err := <-ch:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("waiter not woken after Close and a new subscription")
+			}
+		}
+		require.NoError(t, c.Close())
+	})
+}

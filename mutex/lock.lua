@@ -1,20 +1,28 @@
--- lock.lua: take the lock if it is free, or confirm that it is already ours.
+-- lock.lua: take the lock if it is free, or confirm that it is already ours; when it
+-- is not, queue the caller as a waiter to be woken by the release.
 --
 -- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>", expires after the lease
--- KEYS[2] -> <prefix>{<key>}:fence  the fencing counter, same hash slot as the lock
+-- KEYS[2] -> <prefix>{<key>}:fence  the fencing counter
+-- KEYS[3] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by claim deadline (ms)
 -- ARGV[1] -> token of this acquisition (non-empty, may contain ':')
 -- ARGV[2] -> lease in milliseconds
--- ARGV[3] -> how long the fencing counter outlives the last acquisition, in milliseconds
+-- ARGV[3] -> lifetime of a new fencing counter in milliseconds
+-- ARGV[4] -> waiter to queue if the lock is busy, or "" to queue nobody
+-- ARGV[5] -> "1" if ARGV[4] may be queued already (remove it on success)
 --
+-- All keys share the hash tag, so one Redis Cluster slot.
 -- Returns {fence, 0} when the lock is ours, {0, pttl} when another token holds it
 -- (pttl is -1 when the key has no expiry).
 --
 -- A key that already holds our token counts as ours: a client that retried after a
 -- lost reply must not report "not obtained" while its first attempt holds the key.
 -- The fence is stored in the value so that such a retry returns the original fence.
--- When the counter is new (first use, or expired after ARGV[3] without locks) it is
--- seeded from the server clock in microseconds, so fences keep increasing across the
--- counter's expiry unless that clock goes backwards.
+-- A new counter is seeded from the server clock in microseconds and lives ARGV[3];
+-- its successor is seeded the same way, so fences keep increasing as long as that
+-- clock does not go back and a key sees fewer than a million acquisitions a second.
+--
+-- A queued waiter's claim lasts until a little after the holder's lease would end,
+-- when the waiter tries again by itself and renews it; stale claims are skipped.
 local v = redis.call('GET', KEYS[1])
 if v then
   local i = string.find(v, ':', 1, true)
@@ -22,14 +30,26 @@ if v then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {tonumber(string.sub(v, 1, i - 1)), 0}
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  if ARGV[4] ~= '' then
+    local t = redis.call('TIME')
+    local claim = math.floor(math.max(pttl, 1000) * 1.25) + 1000
+    local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + claim
+    redis.call('ZADD', KEYS[3], string.format('%d', deadline), ARGV[4])
+    if redis.call('PTTL', KEYS[3]) < claim then
+      redis.call('PEXPIRE', KEYS[3], claim)
+    end
+  end
+  return {0, pttl}
 end
 local f = redis.call('INCR', KEYS[2])
 if f == 1 then
   local t = redis.call('TIME')
   f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[2], string.format('%d', f))
+  redis.call('SET', KEYS[2], string.format('%d', f), 'PX', ARGV[3])
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if ARGV[5] == '1' then
+  redis.call('ZREM', KEYS[3], ARGV[4])
+end
 redis.call('SET', KEYS[1], string.format('%d', f) .. ':' .. ARGV[1], 'PX', ARGV[2])
 return {f, 0}

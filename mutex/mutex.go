@@ -52,12 +52,14 @@ const (
 	// Prefix says otherwise.
 	DefaultPrefix = "asynqmutex:"
 
-	fenceSuffix = ":fence"
+	fenceSuffix  = ":fence"
+	waitSuffix   = ":wait"
+	channelInfix = "wake:" // a Client listens on prefix + "wake:" + its id
 
-	// fenceRetention is how long a fencing counter outlives the last acquisition of its
-	// key. Afterwards it is reseeded from the server clock (see lock.lua), which keeps
-	// memory bounded for keys that are locked once (a payment ID) and fences increasing.
-	fenceRetention = 7 * 24 * time.Hour
+	// fenceRetention is how long a fencing counter lives. Its successor is seeded from
+	// the server clock (see lock.lua), which keeps memory bounded for keys locked once
+	// (a payment ID) and fences increasing.
+	fenceRetention = 24 * time.Hour
 
 	maxKeyLen  = 256 // longer encoded keys are digested
 	keepOfLong = 64  // bytes of a digested key kept readable
@@ -285,7 +287,7 @@ func (c *Client) TryLock(ctx context.Context, key string, ttl time.Duration, opt
 	if err != nil {
 		return nil, err
 	}
-	l, _, err := c.attempt(ctx, a)
+	l, _, err := c.attempt(ctx, a, nil)
 	if err == nil && l == nil {
 		err = ErrNotObtained
 	}
@@ -330,16 +332,27 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 }
 
 // attempt runs lock.lua once. It returns the lock, or nil and the holder's remaining
-// lease (-1: none), or an error.
-func (c *Client) attempt(ctx context.Context, a *acquisition) (*Lock, time.Duration, error) {
+// lease (-1: none), or an error. A non-nil w is queued in Redis when the lock is busy,
+// atomically with the failed attempt, so no release after it can miss w.
+func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, errors.Join(ErrNotObtained, err)
 	}
+	member, queued := "", "0"
+	if w != nil {
+		member = w.member
+		if w.queued {
+			queued = "1"
+		}
+	}
 	sent := time.Now()
-	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + fenceSuffix},
-		a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds()).Int64Slice()
+	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + fenceSuffix, a.rkey + waitSuffix},
+		a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds(), member, queued).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if w != nil {
+		w.queued = true // even after an error: the server may have queued it
 	}
 	if err != nil {
 		c.abandon(ctx, a)
@@ -358,14 +371,15 @@ func (c *Client) attempt(ctx context.Context, a *acquisition) (*Lock, time.Durat
 // server may have applied it and lost the reply. It tries for at most a second, and
 // never past the lease, after which the key is free anyway.
 func (c *Client) abandon(ctx context.Context, a *acquisition) {
-	d := min(a.ttl, time.Second)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
 	_, _ = c.release(ctx, a.rkey, a.token)
 }
 
+// release runs release.lua: with a token it unlocks; with "" it only passes a
+// wake-up on to the next waiter if the lock is free.
 func (c *Client) release(ctx context.Context, rkey, token string) (int64, error) {
-	return unlockScript.Run(ctx, c.rdb, []string{rkey}, token, rkey).Int64()
+	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, token, c.prefix+channelInfix).Int64()
 }
 
 func (c *Client) redisKey(key string) string {

@@ -232,23 +232,24 @@ func TestLockWaitsForRelease(t *testing.T) {
 	})
 }
 
-// waitForWaiters blocks until n local waiters wait for key: the waiter goroutines got
-// past their first attempt and are subscribed.
+// waitForWaiters blocks until n waiters are queued for key in Redis and c's
+// subscription is confirmed: a release now wakes one of them.
 func waitForWaiters(t *testing.T, c *Client, key string, n int) {
 	t.Helper()
-	rkey := c.redisKey(key)
+	q := c.redisKey(key) + waitSuffix
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		c.hub.mu.Lock()
-		q := c.hub.queues[rkey]
-		ready := q != nil && len(q.waiters) == n && isClosed(q.ready)
+		ready := c.hub.cur != nil && isClosed(c.hub.cur.ready)
 		c.hub.mu.Unlock()
-		if ready {
+		queued, err := c.rdb.ZCard(context.Background(), q).Result()
+		require.NoError(t, err)
+		if ready && queued == int64(n) {
 			return
 		}
 		time.Sleep(time.Millisecond)
 	}
-	t.Fatalf("%d waiters for %q not subscribed within 10s", n, key)
+	t.Fatalf("%d waiters for %q not queued within 10s", n, key)
 }
 
 func TestLockCancellation(t *testing.T) {

@@ -14,9 +14,13 @@ var (
 	lockLua    string
 	lockScript = redis.NewScript(lockLua)
 
-	//go:embed unlock.lua
-	unlockLua    string
-	unlockScript = redis.NewScript(unlockLua)
+	//go:embed release.lua
+	releaseLua    string
+	releaseScript = redis.NewScript(releaseLua)
+
+	//go:embed unwait.lua
+	unwaitLua    string
+	unwaitScript = redis.NewScript(unwaitLua)
 
 	//go:embed extend.lua
 	extendLua    string

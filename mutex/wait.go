@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,11 +18,12 @@ import (
 // ended it) and a wrapped Redis error when Redis cannot be reached (after trying to
 // release anything the failed attempt may have taken).
 //
-// A waiter does not poll. Unlock publishes on the key's channel, and each Client wakes
-// one of its own waiters for that key, which then tries again; when nothing is
-// published (the holder crashed), the waiter tries again when the holder's remaining
-// lease runs out, plus a little random jitter. ttl is rounded down to whole
-// milliseconds and must be at least 1ms; key must not be empty.
+// A waiter does not poll. A failed attempt queues it in Redis, in the same script, and
+// a release wakes the longest-queued waiter of any Client through that Client's
+// subscription connection: one release, one waiter woken. When nothing wakes it (the
+// holder crashed), a waiter tries again when the holder's remaining lease runs out,
+// plus a little random jitter. ttl is rounded down to whole milliseconds and must be
+// at least 1ms; key must not be empty.
 func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
 	a, err := c.newAcquisition(key, ttl, opts)
 	if err != nil {
@@ -30,32 +33,33 @@ func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts .
 }
 
 func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
-	start := time.Now()
-	before := c.hub.snapshot(a.rkey)
-	l, pttl, err := c.attempt(ctx, a)
-	if l != nil || err != nil {
+	if a.maxWait == 0 {
+		l, _, err := c.attempt(ctx, a, nil)
+		if err == nil && l == nil {
+			err = ErrNotObtained
+		}
 		return l, err
 	}
-	if a.maxWait == 0 {
-		return nil, ErrNotObtained
+	start := time.Now()
+	// Join before the first attempt: a release may wake us as soon as that attempt
+	// has queued us, before it even returns.
+	w, subscribed := c.hub.join(a.rkey)
+	acquired := false
+	defer func() { c.hub.leave(ctx, w, acquired) }()
+
+	l, pttl, err := c.attempt(ctx, a, w)
+	if l != nil || err != nil {
+		acquired = l != nil
+		return l, err
 	}
+	// A release published before our Client's subscription is confirmed is lost: in
+	// that case try once more when it is confirmed.
+	ready := c.hub.ensure(subscribed)
 	var deadline <-chan time.Time
 	if a.maxWait > 0 {
 		t := time.NewTimer(a.maxWait - time.Since(start))
 		defer t.Stop()
 		deadline = t.C
-	}
-
-	w := c.hub.join(a.rkey)
-	acquired := false
-	defer func() { c.hub.leave(w, acquired) }()
-
-	// A release between the first attempt and our subscription would wake nobody, so
-	// unless the key's channel was already subscribed before that attempt, try once
-	// more as soon as Redis confirms the subscription.
-	var subscribed <-chan struct{}
-	if ready, ok := c.hub.unchanged(w, before); !ok {
-		subscribed = ready
 	}
 	timer := time.NewTimer(retryAfter(pttl))
 	defer timer.Stop()
@@ -65,12 +69,12 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 			return nil, errors.Join(ErrNotObtained, ctx.Err())
 		case <-deadline:
 			return nil, ErrNotObtained
-		case <-subscribed:
-			subscribed = nil
+		case <-ready:
+			ready = nil
 		case <-w.wake:
 		case <-timer.C:
 		}
-		l, pttl, err = c.attempt(ctx, a)
+		l, pttl, err = c.attempt(ctx, a, w)
 		if l != nil {
 			acquired = true
 			return l, nil
@@ -95,178 +99,108 @@ func retryAfter(pttl time.Duration) time.Duration {
 // left, so that bursts of contention do not dial a connection each.
 const hubLinger = 200 * time.Millisecond
 
-// hub delivers release notifications to the waiters of one Client over one pub/sub
-// connection, subscribed to the channels of the keys that have local waiters.
+// hub receives the wake-ups addressed to one Client's waiters, on one pub/sub
+// connection subscribed to the Client's own channel.
 type hub struct {
-	c      *Client
-	linger time.Duration
+	c       *Client
+	id      string // this Client's name in wait queues; no '.'
+	channel string
+	linger  time.Duration
 
-	mu     sync.Mutex
-	queues map[string]*queue // by Redis key, which is also the channel name
-	cur    *subscription     // nil while nobody waits and the linger has passed
-	idle   *time.Timer
-
-	opsMu sync.Mutex // keeps SUBSCRIBE and UNSUBSCRIBE in the order they were decided
+	mu      sync.Mutex
+	waiters map[string]*waiter // by waiter id
+	seq     uint64
+	cur     *subscription // nil while nobody waits and the linger has passed
+	idle    *time.Timer
+	passing sync.WaitGroup // wake-ups being passed on
 }
 
 // subscription is one pub/sub connection and the goroutine that reads it.
 type subscription struct {
-	ps       *redis.PubSub
-	channels map[string]bool // guarded by hub.opsMu
-	stop     chan struct{}
-	done     chan struct{}
-}
-
-// queue holds the local waiters of one key, oldest first.
-type queue struct {
-	rkey    string
-	waiters []*waiter
-	ready   chan struct{} // closed when Redis confirmed the subscription
-	epoch   uint64        // grows when the connection was lost and ready reopened
-	pending bool          // a release came while every waiter had a wake-up already
+	ps    *redis.PubSub
+	ready chan struct{} // closed when Redis confirmed the subscription; replaced after a reconnect
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 type waiter struct {
-	q    *queue
-	wake chan struct{} // capacity 1: a wake-up not yet acted on
-}
-
-// snap records a key's queue before a first attempt; see hub.unchanged.
-type snap struct {
-	q     *queue
-	epoch uint64
+	id, rkey string
+	member   string        // "<client>.<waiter>" in the key's wait queue
+	queued   bool          // an attempt may have queued it: remove it when done
+	wake     chan struct{} // capacity 1: a wake-up not yet acted on
 }
 
 func newHub(c *Client) *hub {
-	return &hub{c: c, linger: hubLinger, queues: make(map[string]*queue)}
-}
-
-// snapshot returns the key's queue if its channel is subscribed and confirmed.
-func (h *hub) snapshot(rkey string) snap {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	q := h.queues[rkey]
-	if q == nil || !isClosed(q.ready) {
-		return snap{}
+	id := newToken() // base64url: no '.'
+	return &hub{
+		c: c, id: id, channel: c.prefix + channelInfix + id, linger: hubLinger,
+		waiters: make(map[string]*waiter),
 	}
-	return snap{q: q, epoch: q.epoch}
 }
 
-// unchanged reports whether w's queue was subscribed when before was taken and has
-// stayed so: then every release since reached this Client and woke someone. It also
-// returns the channel closed when the subscription is confirmed.
-func (h *hub) unchanged(w *waiter, before snap) (chan struct{}, bool) {
+// join registers a waiter for rkey and reports whether the subscription was
+// confirmed at that moment (see ensure).
+func (h *hub) join(rkey string) (*waiter, chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return w.q.ready, before.q == w.q && w.q.epoch == before.epoch && isClosed(w.q.ready)
-}
-
-func (h *hub) join(rkey string) *waiter {
-	h.mu.Lock()
 	if h.idle != nil {
 		h.idle.Stop()
 		h.idle = nil
 	}
-	var resync []string // keys that waited through a Close: subscribe them again
+	h.seq++
+	id := strconv.FormatUint(h.seq, 36)
+	w := &waiter{id: id, rkey: rkey, member: h.id + "." + id, wake: make(chan struct{}, 1)}
+	h.waiters[id] = w
+	if h.cur != nil && isClosed(h.cur.ready) {
+		return w, nil
+	}
+	return w, make(chan struct{}) // not confirmed: ensure returns a channel to wait on
+}
+
+// ensure opens the subscription if needed. If it was not confirmed when the waiter
+// joined (subscribed is non-nil), it returns a channel closed on confirmation;
+// otherwise nil, since the confirmed subscription saw every wake-up since.
+func (h *hub) ensure(subscribed chan struct{}) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.cur == nil {
 		h.cur = h.start()
-		for k := range h.queues {
-			resync = append(resync, k)
-		}
 	}
-	s := h.cur
-	q := h.queues[rkey]
-	if q == nil {
-		q = &queue{rkey: rkey, ready: make(chan struct{})}
-		h.queues[rkey] = q
-		resync = append(resync, rkey)
+	if subscribed == nil {
+		return nil
 	}
-	w := &waiter{q: q, wake: make(chan struct{}, 1)}
-	q.waiters = append(q.waiters, w)
-	if q.pending {
-		q.pending = false
-		w.wake <- struct{}{}
-	}
-	h.mu.Unlock()
-	for _, k := range resync {
-		h.sync(s, k)
-	}
-	return w
+	return h.cur.ready
 }
 
-// leave removes w. A wake-up that w received but did not use (it gave up, or got the
-// lock for another reason) passes to the next waiter unless w got the lock.
-func (h *hub) leave(w *waiter, acquired bool) {
+// leave removes w. If w gave up, it is taken out of the key's queue; a wake-up it
+// received but did not use is passed on, so that a waiter who left does not swallow
+// a release.
+func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	h.mu.Lock()
-	q := w.q
-	for i, x := range q.waiters {
-		if x == w {
-			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-			break
-		}
-	}
-	if len(w.wake) > 0 && !acquired {
-		q.wakeOne()
-	}
-	var s *subscription
-	if len(q.waiters) == 0 && h.queues[q.rkey] == q {
-		delete(h.queues, q.rkey)
-		s = h.cur
-		if len(h.queues) == 0 && h.cur != nil && h.idle == nil {
-			h.idle = time.AfterFunc(h.linger, h.closeIfIdle)
-		}
+	delete(h.waiters, w.id)
+	if len(h.waiters) == 0 && h.cur != nil && h.idle == nil {
+		h.idle = time.AfterFunc(h.linger, h.closeIfIdle)
 	}
 	h.mu.Unlock()
-	if s != nil {
-		h.sync(s, q.rkey)
-	}
-}
-
-// wakeOne wakes the oldest waiter without a wake-up, or remembers the release for the
-// next one that joins. Called with hub.mu held.
-func (q *queue) wakeOne() {
-	for _, w := range q.waiters {
-		select {
-		case w.wake <- struct{}{}:
-			return
-		default:
-		}
-	}
-	q.pending = true
-}
-
-// sync subscribes or unsubscribes the channel of rkey on s to match whether the key
-// has waiters now. Calls are serialized so Redis sees them in decision order.
-func (h *hub) sync(s *subscription, rkey string) {
-	h.opsMu.Lock()
-	defer h.opsMu.Unlock()
-	h.mu.Lock()
-	want := h.cur == s && h.queues[rkey] != nil
-	h.mu.Unlock()
-	if want == s.channels[rkey] {
+	if acquired || !w.queued {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	// go-redis records the channel before writing, and resubscribes recorded channels
-	// when it reconnects, so a failed write here is repaired by the reconnect.
-	if want {
-		_ = s.ps.Subscribe(ctx, rkey)
-		s.channels[rkey] = true
-	} else {
-		_ = s.ps.Unsubscribe(ctx, rkey)
-		delete(s.channels, rkey)
+	_ = unwaitScript.Run(ctx, h.c.rdb, []string{w.rkey + waitSuffix}, w.member).Err()
+	if len(w.wake) > 0 {
+		_, _ = h.c.release(ctx, w.rkey, "")
 	}
 }
 
-// start opens the subscription connection lazily and starts reading it. Called with
-// hub.mu held; no I/O happens here.
+// start opens the subscription connection and starts reading it. Called with hub.mu
+// held; the connection is dialled by the reading goroutine.
 func (h *hub) start() *subscription {
 	s := &subscription{
-		ps:       h.c.rdb.Subscribe(context.Background()),
-		channels: make(map[string]bool),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		ps:    h.c.rdb.Subscribe(context.Background()),
+		ready: make(chan struct{}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
 	}
 	go h.read(s)
 	return s
@@ -280,7 +214,7 @@ func (h *hub) close() { h.shut(true) }
 func (h *hub) shut(force bool) {
 	h.mu.Lock()
 	s := h.cur
-	if s == nil || (!force && len(h.queues) > 0) {
+	if s == nil || (!force && len(h.waiters) > 0) {
 		h.mu.Unlock()
 		return
 	}
@@ -289,28 +223,49 @@ func (h *hub) shut(force bool) {
 		h.idle.Stop()
 		h.idle = nil
 	}
-	h.resetLocked() // waiters left behind retry now, then by their holders' leases
+	h.wakeAll() // waiters left behind try again now, then by their holders' leases
 	h.mu.Unlock()
 	close(s.stop)
 	_ = s.ps.Close()
 	<-s.done
+	h.passing.Wait()
 }
 
 func (h *hub) read(s *subscription) {
 	defer close(s.done)
 	backoff := 10 * time.Millisecond
+	subscribe := true
 	for {
-		msg, err := s.ps.Receive(context.Background())
+		var (
+			msg any
+			err error
+		)
+		if subscribe {
+			// go-redis records the channel and subscribes again by itself after
+			// reconnecting; a failed write shows up as an error from Receive.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = s.ps.Subscribe(ctx, h.channel)
+			cancel()
+			subscribe = err != nil
+		}
+		if err == nil {
+			msg, err = s.ps.Receive(context.Background())
+		}
 		if err != nil {
 			select {
 			case <-s.stop:
 				return
 			default:
 			}
-			// The connection broke: releases may have been missed, and go-redis will
+			// The connection broke: wake-ups may have been lost, and go-redis will
 			// resubscribe on the next Receive. Let every waiter try again now, and wait
-			// for new confirmations before trusting the subscriptions.
-			h.reset()
+			// for a new confirmation before trusting the subscription.
+			h.mu.Lock()
+			if isClosed(s.ready) {
+				s.ready = make(chan struct{})
+			}
+			h.wakeAll()
+			h.mu.Unlock()
 			t := time.NewTimer(backoff)
 			select {
 			case <-s.stop:
@@ -325,49 +280,49 @@ func (h *hub) read(s *subscription) {
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				h.confirmed(m.Channel)
+				h.mu.Lock()
+				if !isClosed(s.ready) {
+					close(s.ready)
+				}
+				h.mu.Unlock()
 			}
 		case *redis.Message:
-			h.released(m.Channel)
+			h.woken(m.Payload)
 		}
 	}
 }
 
-func (h *hub) confirmed(ch string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if q := h.queues[ch]; q != nil && !isClosed(q.ready) {
-		close(q.ready)
+// woken handles "<waiter> <lock key>" from a release: it wakes that waiter, or, if it
+// has left, passes the wake-up on to the key's next waiter.
+func (h *hub) woken(payload string) {
+	id, rkey, ok := strings.Cut(payload, " ")
+	if !ok {
+		return
 	}
-}
-
-func (h *hub) released(ch string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if q := h.queues[ch]; q != nil {
-		q.wakeOne()
-	}
-}
-
-func (h *hub) reset() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.resetLocked()
-}
-
-// resetLocked marks every subscription unconfirmed and wakes every waiter, after
-// releases may have been missed. Called with hub.mu held.
-func (h *hub) resetLocked() {
-	for _, q := range h.queues {
-		q.epoch++
-		if isClosed(q.ready) {
-			q.ready = make(chan struct{})
+	if w := h.waiters[id]; w != nil {
+		select {
+		case w.wake <- struct{}{}:
+		default:
 		}
-		for _, w := range q.waiters {
-			select {
-			case w.wake <- struct{}{}:
-			default:
-			}
+		return
+	}
+	h.passing.Add(1)
+	go func() {
+		defer h.passing.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, _ = h.c.release(ctx, rkey, "")
+	}()
+}
+
+// wakeAll wakes every waiter. Called with hub.mu held.
+func (h *hub) wakeAll() {
+	for _, w := range h.waiters {
+		select {
+		case w.wake <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -3,8 +3,11 @@ package mutex
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -34,49 +37,86 @@ func TestWaiterBehindCrashedHolder(t *testing.T) {
 	})
 }
 
+// countAttempts is a go-redis hook counting lock.lua calls.
+type countAttempts struct{ n atomic.Int64 }
+
+func (h *countAttempts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countAttempts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *countAttempts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isLockScript(cmd) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
 func TestOneReleaseWakesOneWaiter(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
-		c := New(b.rdb)
+		attempts := &countAttempts{}
+		b.rdb.AddHook(attempts)
+		// Three Clients, as three worker processes would have, two waiters each.
+		clients := []*Client{New(b.rdb), New(b.rdb), New(b.rdb)}
 		ctx := context.Background()
 		key := uniqueKey(t)
-		holder, err := c.TryLock(ctx, key, time.Hour)
+		holder, err := clients[0].TryLock(ctx, key, time.Hour)
 		require.NoError(t, err)
 
-		const waiters = 5
+		const perClient = 2
 		var (
-			wg    sync.WaitGroup
-			mu    sync.Mutex
-			order []int64
+			wg     sync.WaitGroup
+			turn   = make(chan *Lock)
+			nLocks = len(clients) * perClient
 		)
-		for range waiters {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				l, err := c.Lock(ctx, key, time.Hour, MaxWait(time.Minute))
-				if !assert.NoError(t, err) {
-					return
-				}
-				mu.Lock()
-				order = append(order, l.Fence())
-				mu.Unlock()
-				assert.NoError(t, l.Unlock(ctx)) // wakes the next one
-			}()
+		for _, c := range clients {
+			for range perClient {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					l, err := c.Lock(ctx, key, time.Hour, MaxWait(time.Minute))
+					if assert.NoError(t, err) {
+						turn <- l
+					}
+				}()
+			}
 		}
-		waitForWaiters(t, c, key, waiters)
-
-		// Count the waiters holding a wake-up right after one release is delivered.
-		c.hub.released(c.redisKey(key))
-		c.hub.mu.Lock()
-		woken := 0
-		for _, w := range c.hub.queues[c.redisKey(key)].waiters {
-			woken += len(w.wake)
+		for _, c := range clients {
+			waitForWaiters(t, c, key, nLocks)
 		}
-		c.hub.mu.Unlock()
-		assert.LessOrEqual(t, woken, 1, "one release must wake at most one local waiter")
 
+		check := func(name string, release func()) {
+			before := attempts.n.Load()
+			release()
+			l := <-turn
+			// Give a thundering herd time to show itself: every woken waiter attempts.
+			time.Sleep(100 * time.Millisecond)
+			assert.Equal(t, int64(1), attempts.n.Load()-before, "%s: attempts after one release", name)
+			holder = l
+		}
+		check("first release", func() { require.NoError(t, holder.Unlock(ctx)) })
+		check("second release", func() { require.NoError(t, holder.Unlock(ctx)) })
+
+		// Positive control: waking every local waiter, as a broadcast would, is caught.
+		before := attempts.n.Load()
+		for _, c := range clients {
+			c.hub.mu.Lock()
+			c.hub.wakeAll()
+			c.hub.mu.Unlock()
+		}
+		time.Sleep(100 * time.Millisecond)
+		assert.Equal(t, int64(nLocks-2), attempts.n.Load()-before, "control: a broadcast wakes every waiter")
+
+		for range nLocks - 2 { // the rest take the lock in turn, each woken by the one before
+			require.NoError(t, holder.Unlock(ctx))
+			holder = <-turn
+		}
 		require.NoError(t, holder.Unlock(ctx))
-		wg.Wait() // every waiter got the lock in turn, woken by the one before it
-		assert.Len(t, order, waiters)
+		wg.Wait()
+		queued, err := b.rdb.ZCard(ctx, clients[0].redisKey(key)+waitSuffix).Result()
+		require.NoError(t, err)
+		assert.Zero(t, queued, "no waiter left queued")
 	})
 }
 
@@ -102,7 +142,7 @@ func TestHubClosesWhenIdle(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for time.Now().Before(deadline) {
 			c.hub.mu.Lock()
-			closed := c.hub.cur == nil && len(c.hub.queues) == 0
+			closed := c.hub.cur == nil && len(c.hub.waiters) == 0
 			c.hub.mu.Unlock()
 			if closed {
 				return

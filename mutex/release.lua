@@ -1,0 +1,43 @@
+-- release.lua: release the lock if our token holds it, then wake the next waiter.
+--
+-- KEYS[1] -> <prefix>{<key>}       the lock; value "<fence>:<token>"
+-- KEYS[2] -> <prefix>{<key>}:wait  waiters: sorted set of "<client>.<waiter>" by claim deadline (ms)
+-- ARGV[1] -> token; or "" to only pass a wake-up on: wake the next waiter if the lock is free
+-- ARGV[2] -> channel prefix: a client <c> listens on ARGV[2] .. <c>
+--
+-- Returns 1 when released, 0 when the key is gone or holds another token (then the
+-- lock is not touched). Repeating a release that was applied returns 0.
+--
+-- The waiter with the earliest claim that has not lapsed is removed from the queue
+-- and its client gets "<waiter> <lock key>" on its channel: one release wakes one
+-- waiter among all clients, not every waiter of every client.
+local released = 0
+if ARGV[1] ~= '' then
+  local v = redis.call('GET', KEYS[1])
+  if not (v and string.sub(v, (string.find(v, ':', 1, true) or #v) + 1) == ARGV[1]) then
+    return 0
+  end
+  redis.call('DEL', KEYS[1])
+  released = 1
+elseif redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local now
+for _ = 1, 16 do
+  local w = redis.call('ZPOPMIN', KEYS[2])
+  if not w[1] then
+    break
+  end
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  if tonumber(w[2]) >= now then
+    local dot = string.find(w[1], '.', 1, true)
+    if dot then
+      redis.call('PUBLISH', ARGV[2] .. string.sub(w[1], 1, dot - 1), string.sub(w[1], dot + 1) .. ' ' .. KEYS[1])
+      break
+    end
+  end
+end
+return released

@@ -165,7 +165,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
 			err = fmt.Errorf("asynqmutex: task %q: lock key: %w", t.Type(), err)
 		}
-		err = fmt.Errorf("%w; task id %s archived without running: %w", err, id, asynq.SkipRetry)
+		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -190,14 +190,14 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if ran {
 		m.conflicts.forget(id)
 		if errors.Is(err, mutex.ErrNotHeld) && !errors.Is(handlerErr, mutex.ErrNotHeld) {
-			return fmt.Errorf("asynqmutex: task %q (id %s): lock %s was lost while the handler ran, so another worker may have run concurrently: %w", t.Type(), id, key, err)
+			return fmt.Errorf("asynqmutex: task %q%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", t.Type(), idSuffix(id), key, err)
 		}
 		// A release Redis could not confirm needs no retry of the task: the key frees
 		// itself when its lease runs out.
 		return handlerErr
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %q (id %s): taking lock %s: %w", t.Type(), id, key, err)
+		err = fmt.Errorf("asynqmutex: task %q%s: taking lock %s: %w", t.Type(), idSuffix(id), key, err)
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -209,12 +209,27 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return nil
 	case Fail:
 		m.failed(ctx, t, le)
-		return fmt.Errorf("asynqmutex: task %q (id %s): lock %s is held by another task: %w", t.Type(), id, key, mutex.ErrNotObtained)
+		return fmt.Errorf("asynqmutex: task %q%s: lock %s is held by another task: %w", t.Type(), idSuffix(id), key, mutex.ErrNotObtained)
 	}
 	n := m.conflicts.add(id)
 	le.RetryIn = time.Duration(m.policy) << min(n-1, 4)
 	m.failed(ctx, t, le)
 	return le
+}
+
+// taskRef and idSuffix name a task by its ID in errors, when asynq gave one.
+func taskRef(id string) string {
+	if id == "" {
+		return "the task is"
+	}
+	return "task " + id + " is"
+}
+
+func idSuffix(id string) string {
+	if id == "" {
+		return ""
+	}
+	return " (id " + id + ")"
 }
 
 func (m *middleware) failed(ctx context.Context, t *asynq.Task, err error) {

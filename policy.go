@@ -76,7 +76,10 @@ type LockedError struct {
 
 // Error names the task and the key, and when the task will be tried again.
 func (e *LockedError) Error() string {
-	msg := fmt.Sprintf("asynqmutex: task %q (id %s): lock %s is held by another task", e.taskType, e.taskID, e.Key)
+	msg := fmt.Sprintf("asynqmutex: lock %s is held by another task", e.Key)
+	if e.taskType != "" {
+		msg = fmt.Sprintf("asynqmutex: task %q%s: lock %s is held by another task", e.taskType, idSuffix(e.taskID), e.Key)
+	}
 	if e.RetryIn > 0 {
 		msg += fmt.Sprintf("; retry in %v", e.RetryIn)
 	}

@@ -1,0 +1,169 @@
+package mutex_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+func Example() {
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true) // without it, keys on miniredis never expire
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	locks := mutex.New(rdb)
+	defer locks.Close()
+	ctx := context.Background()
+
+	lock, err := locks.TryLock(ctx, "report:daily", 30*time.Second)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("locked", lock.Key())
+
+	// Another worker: the lock is taken.
+	_, err = locks.TryLock(ctx, "report:daily", 30*time.Second)
+	fmt.Println("second TryLock:", err, errors.Is(err, mutex.ErrNotObtained))
+
+	if err := lock.Unlock(ctx); err != nil {
+		panic(err)
+	}
+	// Unlocking again changes nothing: the lock is no longer ours.
+	fmt.Println("second Unlock:", errors.Is(lock.Unlock(ctx), mutex.ErrNotHeld))
+	// Output:
+	// locked report:daily
+	// second TryLock: mutex: not obtained true
+	// second Unlock: true
+}
+
+// New takes any redis.UniversalClient. An asynq program can build one from the
+// connection options it gives asynq, whether a single node, Sentinel or Cluster.
+func ExampleNew() {
+	var opt asynq.RedisConnOpt = asynq.RedisClientOpt{Addr: "localhost:6379"}
+	// or: asynq.RedisFailoverClientOpt{MasterName: "mymaster", SentinelAddrs: []string{"localhost:26379"}}
+	// or: asynq.RedisClusterClientOpt{Addrs: []string{"localhost:7000", "localhost:7001"}}
+
+	rdb := opt.MakeRedisClient().(redis.UniversalClient)
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
+	srv := asynq.NewServer(opt, asynq.Config{})
+	_, _ = locks, srv
+}
+
+func ExampleClient_WithLock() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
+	// The lease is renewed every 10s while fn runs, and fn's context is cancelled
+	// if it is lost.
+	err = locks.WithLock(context.Background(), "invoice:42", 30*time.Second, func(ctx context.Context) error {
+		lock, _ := mutex.FromContext(ctx)
+		fmt.Println("sending invoice 42 under", lock.Key())
+		return nil
+	})
+	fmt.Println("error:", err)
+
+	held, _ := locks.Locked(context.Background(), "invoice:42")
+	fmt.Println("still locked:", held)
+	// Output:
+	// sending invoice 42 under invoice:42
+	// error: <nil>
+	// still locked: false
+}
+
+func ExampleClient_Lock() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+	ctx := context.Background()
+
+	first, err := locks.TryLock(ctx, "account:7", 30*time.Second)
+	if err != nil {
+		panic(err)
+	}
+
+	// The holder is busy for longer than we are willing to wait.
+	_, err = locks.Lock(ctx, "account:7", 30*time.Second, mutex.MaxWait(50*time.Millisecond))
+	fmt.Println("waited 50ms:", err)
+
+	// The holder releases after 50ms; the waiter is woken at once.
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_ = first.Unlock(ctx)
+	}()
+	second, err := locks.Lock(ctx, "account:7", 30*time.Second, mutex.MaxWait(5*time.Second))
+	fmt.Println("waited up to 5s:", err)
+	_ = second.Unlock(ctx)
+	// Output:
+	// waited 50ms: mutex: not obtained
+	// waited up to 5s: <nil>
+}
+
+// Each acquisition of a key gets a higher fence. A resource that remembers the
+// highest fence it saw can refuse a writer whose lease ran out while it was paused.
+func ExampleLock_Fence() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+	ctx := context.Background()
+
+	var highest int64 // kept by the resource, with the data
+	write := func(fence int64) error {
+		if fence <= highest {
+			return fmt.Errorf("fence %d is stale", fence)
+		}
+		highest = fence
+		return nil
+	}
+
+	a, err := locks.TryLock(ctx, "doc:1", time.Second)
+	if err != nil {
+		panic(err)
+	}
+	m.FastForward(time.Second) // a pauses; its lease runs out
+	b, err := locks.TryLock(ctx, "doc:1", time.Second)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("b's fence is higher:", b.Fence() > a.Fence())
+	fmt.Println("b writes:", write(b.Fence()))
+	fmt.Println("a wakes and writes:", write(a.Fence()) != nil)
+	_ = b.Unlock(ctx)
+	// Output:
+	// b's fence is higher: true
+	// b writes: <nil>
+	// a wakes and writes: true
+}

@@ -63,7 +63,7 @@ func TestWithLockCancelsOnLoss(t *testing.T) {
 		start := time.Now()
 		var cancelledAfter time.Duration
 		err := c.WithLock(ctx, key, ttl, func(ctx context.Context) error {
-			require.NoError(t, b.rdb.Del(context.Background(), c.redisKey(key)).Err())
+			require.NoError(t, b.admin.Del(context.Background(), c.redisKey(key)).Err())
 			select {
 			case <-ctx.Done():
 				cancelledAfter = time.Since(start)
@@ -85,7 +85,9 @@ func TestWithLockPartitionCancelsByOwnClock(t *testing.T) {
 	// our own clock, although Redis never said the lock was lost.
 	each(t, func(t *testing.T, b backend) {
 		p := redistest.NewProxy(t, b.rdb.Options().Addr)
-		via := redis.NewClient(&redis.Options{Addr: p.Addr()})
+		opts := *b.rdb.Options() // same user and TLS settings, through the proxy
+		opts.Addr = p.Addr()
+		via := redis.NewClient(&opts)
 		t.Cleanup(func() { via.Close() })
 		c := New(via)
 		key := uniqueKey(t)

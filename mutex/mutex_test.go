@@ -2,6 +2,7 @@ package mutex
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,51 +19,65 @@ import (
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 )
 
-// backend is a Redis the contract tests run against. expire makes a key's lease run
-// out now: FastForward on miniredis, which freezes TTLs otherwise; on a real server,
-// where time passes, deleting the key has the same effect on every script.
+// backend is a Redis the contract tests run against. rdb is what the library uses;
+// admin is a client with every permission, for the tests' own reads and writes.
+// expire makes a key's lease run out now: FastForward on miniredis, which freezes
+// TTLs otherwise; on a real server, where time passes, deleting the key has the same
+// effect on every script.
 type backend struct {
-	rdb    *redis.Client
-	expire func(t *testing.T, rkey string)
-	real   bool
+	rdb, admin *redis.Client
+	expire     func(t *testing.T, rkey string)
+	real       bool
 }
 
-// each runs f once against miniredis and once against a real redis-server.
+// each runs f against miniredis, a real redis-server, the same server as a user whose
+// ACL allows only what the library needs (aclRules), and the same server over TLS.
 func each(t *testing.T, f func(t *testing.T, b backend)) {
 	t.Run("miniredis", func(t *testing.T) {
 		t.Parallel()
 		m := miniredis.RunT(t)
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		t.Cleanup(func() { rdb.Close() })
-		f(t, backend{rdb: rdb, expire: func(t *testing.T, rkey string) {
+		f(t, backend{rdb: rdb, admin: rdb, expire: func(t *testing.T, rkey string) {
 			d := m.TTL(rkey)
 			require.Positive(t, d, "key %s has no TTL", rkey)
 			m.FastForward(d)
 		}})
 	})
-	t.Run("redis-server", func(t *testing.T) {
-		t.Parallel()
-		rdb := sharedServer(t)
-		f(t, backend{rdb: rdb, real: true, expire: func(t *testing.T, rkey string) {
-			require.NoError(t, rdb.Del(context.Background(), rkey).Err())
-		}})
-	})
+	real := func(name string, client func(t *testing.T) *redis.Client) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			admin := sharedServer(t)
+			rdb := client(t)
+			f(t, backend{rdb: rdb, admin: admin, real: true, expire: func(t *testing.T, rkey string) {
+				require.NoError(t, admin.Del(context.Background(), rkey).Err())
+			}})
+		})
+	}
+	real("redis-server", sharedServer)
+	real("redis-server-acl", aclClient)
+	real("redis-server-tls", tlsClient)
 }
 
 var (
 	serverOnce sync.Once
 	server     *redistest.Server
 	serverErr  error
+	tlsPort    int
+	tlsCA      *x509.CertPool
 )
 
 // sharedServer is one redis-server for the package's contract tests (they use unique
-// keys, so they can share it), stopped when the tests end. It skips or fails the test
-// like redistest.Start when no redis-server is installed.
+// keys, so they can share it), stopped when the tests end, and a client of it with
+// every permission. It also listens for TLS and has the restricted ACL user. It skips
+// or fails the test like redistest.Start when no redis-server is installed.
 func sharedServer(t *testing.T) *redis.Client {
 	t.Helper()
-	serverOnce.Do(func() { server, serverErr = redistest.StartProcess() })
+	serverOnce.Do(func() { server, serverErr = startSharedServer() })
 	if serverErr != nil {
-		redistest.Start(t) // reports the missing server as Start does: skip, or fail under CI
+		if errors.Is(serverErr, redistest.ErrNoServer) {
+			redistest.Start(t) // reports the missing server as Start does: skip, or fail under CI
+		}
 		t.Fatalf("redis-server: %v", serverErr)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: server.Addr()})
@@ -152,10 +167,10 @@ func TestForeignValueIsNotOurs(t *testing.T) {
 		key := uniqueKey(t)
 		// A value written by something else, without our "<fence>:" form, must not
 		// match an empty or partial token.
-		require.NoError(t, b.rdb.Set(ctx, c.redisKey(key), "tok", time.Minute).Err())
+		require.NoError(t, b.admin.Set(ctx, c.redisKey(key), "tok", time.Minute).Err())
 		_, err := c.TryLock(ctx, key, time.Minute, Token("tok"))
 		assert.ErrorIs(t, err, ErrNotObtained)
-		require.NoError(t, b.rdb.Set(ctx, c.redisKey(key), "1:a:tok", time.Minute).Err())
+		require.NoError(t, b.admin.Set(ctx, c.redisKey(key), "1:a:tok", time.Minute).Err())
 		_, err = c.TryLock(ctx, key, time.Minute, Token("tok"))
 		assert.ErrorIs(t, err, ErrNotObtained, "token is compared whole, after the first ':'")
 		l, err := c.TryLock(ctx, key, time.Minute, Token("a:tok"))
@@ -181,7 +196,7 @@ func TestFencesIncrease(t *testing.T) {
 				b.expire(t, c.redisKey(key))
 			}
 			if i == 10 { // the counter expired after its retention: it must not restart low
-				require.NoError(t, b.rdb.Del(ctx, c.redisKey(key)+fenceSuffix).Err())
+				require.NoError(t, b.admin.Del(ctx, c.redisKey(key)+fenceSuffix).Err())
 			}
 		}
 	})
@@ -220,7 +235,7 @@ func TestLockWaitsForRelease(t *testing.T) {
 			}
 			got <- err
 		}()
-		waitForWaiters(t, c, key, 1)
+		waitForWaiters(t, b, c, key, 1)
 		require.NoError(t, holder.Unlock(ctx))
 		// The holder's lease is an hour: only the release notification can wake the waiter.
 		select {
@@ -234,7 +249,7 @@ func TestLockWaitsForRelease(t *testing.T) {
 
 // waitForWaiters blocks until n waiters are queued for key in Redis and c's
 // subscription is confirmed: a release now wakes one of them.
-func waitForWaiters(t *testing.T, c *Client, key string, n int) {
+func waitForWaiters(t *testing.T, b backend, c *Client, key string, n int) {
 	t.Helper()
 	q := c.redisKey(key) + waitSuffix
 	deadline := time.Now().Add(10 * time.Second)
@@ -242,7 +257,7 @@ func waitForWaiters(t *testing.T, c *Client, key string, n int) {
 		c.hub.mu.Lock()
 		ready := c.hub.cur != nil && isClosed(c.hub.cur.ready)
 		c.hub.mu.Unlock()
-		queued, err := c.rdb.ZCard(context.Background(), q).Result()
+		queued, err := b.admin.ZCard(context.Background(), q).Result()
 		require.NoError(t, err)
 		if ready && queued == int64(n) {
 			return
@@ -265,7 +280,7 @@ func TestLockCancellation(t *testing.T) {
 			_, err := c.Lock(ctx, key, time.Minute)
 			got <- err
 		}()
-		waitForWaiters(t, c, key, 1)
+		waitForWaiters(t, b, c, key, 1)
 		cancel()
 		err = <-got
 		assert.ErrorIs(t, err, ErrNotObtained)

@@ -83,7 +83,7 @@ func TestOneReleaseWakesOneWaiter(t *testing.T) {
 			}
 		}
 		for _, c := range clients {
-			waitForWaiters(t, c, key, nLocks)
+			waitForWaiters(t, b, c, key, nLocks)
 		}
 
 		check := func(name string, release func()) {
@@ -114,7 +114,7 @@ func TestOneReleaseWakesOneWaiter(t *testing.T) {
 		}
 		require.NoError(t, holder.Unlock(ctx))
 		wg.Wait()
-		queued, err := b.rdb.ZCard(ctx, clients[0].redisKey(key)+waitSuffix).Result()
+		queued, err := b.admin.ZCard(ctx, clients[0].redisKey(key)+waitSuffix).Result()
 		require.NoError(t, err)
 		assert.Zero(t, queued, "no waiter left queued")
 	})
@@ -136,7 +136,7 @@ func TestHubClosesWhenIdle(t *testing.T) {
 			}
 			done <- err
 		}()
-		waitForWaiters(t, c, key, 1)
+		waitForWaiters(t, b, c, key, 1)
 		require.NoError(t, holder.Unlock(ctx))
 		require.NoError(t, <-done)
 		deadline := time.Now().Add(10 * time.Second)
@@ -168,7 +168,7 @@ func TestCloseWhileWaiting(t *testing.T) {
 			}
 			got <- err
 		}()
-		waitForWaiters(t, c, key, 1)
+		waitForWaiters(t, b, c, key, 1)
 		require.NoError(t, c.Close())
 		require.NoError(t, c.Close(), "Close is idempotent")
 
@@ -181,7 +181,7 @@ func TestCloseWhileWaiting(t *testing.T) {
 			}
 			second <- err
 		}()
-		waitForWaiters(t, c, key, 2)
+		waitForWaiters(t, b, c, key, 2)
 		require.NoError(t, holder.Unlock(ctx))
 		for _, ch := range []chan error{got, second} {
 			select {

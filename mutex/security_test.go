@@ -1,0 +1,206 @@
+package mutex
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
+)
+
+// aclRules are the only permissions the library needs, for the default prefix: its
+// keys and channels, the script commands, the commands the scripts call, and what
+// go-redis sends on connecting and subscribing. The README quotes them.
+const aclRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
+	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
+	"+get +set +del +exists +incr +pexpire +pttl +time +zadd +zrem +zpopmin +publish"
+
+const (
+	aclUser     = "locker"
+	aclPassword = "locker-secret"
+)
+
+// startSharedServer starts the contract tests' redis-server: plain TCP for admin,
+// TLS on a second port, and the restricted ACL user.
+func startSharedServer() (*redistest.Server, error) {
+	dir, err := os.MkdirTemp("", "mutex-tls-")
+	if err != nil {
+		return nil, err
+	}
+	pool, err := writeCerts(dir)
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s, err := redistest.StartProcess(
+		"--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", filepath.Join(dir, "server.pem"),
+		"--tls-key-file", filepath.Join(dir, "server.key"),
+		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"),
+		"--tls-auth-clients", "no",
+	)
+	if err != nil {
+		return nil, err
+	}
+	admin := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	args := []any{"ACL", "SETUSER", aclUser, "reset", "on", ">" + aclPassword}
+	for _, r := range strings.Fields(aclRules) {
+		args = append(args, r)
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("ACL SETUSER: %w", err)
+	}
+	tlsPort, tlsCA = port, pool
+	return s, nil
+}
+
+func aclClient(t *testing.T) *redis.Client {
+	sharedServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: aclUser, Password: aclPassword})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+func tlsClient(t *testing.T) *redis.Client {
+	sharedServer(t)
+	rdb := redis.NewClient(&redis.Options{
+		Addr:      net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort)),
+		TLSConfig: &tls.Config{RootCAs: tlsCA, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12},
+	})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// writeCerts writes a CA and a server certificate for 127.0.0.1 into dir.
+func writeCerts(dir string) (*x509.CertPool, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	ca := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "asynqmutex test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	for name, block := range map[string]*pem.Block{
+		"ca.pem":     {Type: "CERTIFICATE", Bytes: caDER},
+		"server.pem": {Type: "CERTIFICATE", Bytes: leafDER},
+		"server.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return pool, nil
+}
+
+func TestACLConfinesTheUser(t *testing.T) {
+	// Positive control for the ACL backend: the restricted user really is restricted,
+	// so the contract passing under it shows the library needs nothing more.
+	rdb := aclClient(t)
+	ctx := context.Background()
+	assert.ErrorContains(t, rdb.FlushAll(ctx).Err(), "NOPERM", "commands the library does not use are not granted")
+	assert.ErrorContains(t, rdb.Set(ctx, "other:x", "v", time.Minute).Err(), "NOPERM", "keys outside the prefix are not granted")
+	_, err := New(rdb, Prefix("other:")).TryLock(ctx, "k", time.Minute)
+	assert.ErrorContains(t, err, "NOPERM", "a lock outside the prefix is refused")
+	l, err := New(rdb).TryLock(ctx, uniqueKey(t), time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Unlock(ctx))
+}
+
+func TestTokensNeverInErrors(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		c := New(b.rdb)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		const secret = "the-secret-token"
+		l, err := c.TryLock(ctx, key, time.Minute, Token(secret))
+		require.NoError(t, err)
+		var errs []error
+		_, err = c.TryLock(ctx, key, time.Minute)
+		errs = append(errs, err)
+		b.expire(t, c.redisKey(key))
+		errs = append(errs, l.Unlock(ctx), l.Extend(ctx, time.Minute))
+		_, err = l.TTL(ctx)
+		errs = append(errs, err)
+		errs = append(errs, c.WithLock(ctx, key, time.Minute, func(context.Context) error {
+			return b.admin.Del(ctx, c.redisKey(key)).Err()
+		}, Token(secret)))
+		down := New(unreachable(t))
+		_, err = down.TryLock(ctx, key, time.Minute, Token(secret))
+		errs = append(errs, err)
+		for i, err := range errs {
+			require.Error(t, err, "error %d", i)
+			assert.NotContains(t, err.Error(), secret, "error %d: %v", i, err)
+			assert.True(t, errors.Is(err, ErrNotObtained) || errors.Is(err, ErrNotHeld) || i == len(errs)-1, "error %d: %v", i, err)
+		}
+	})
+}

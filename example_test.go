@@ -165,7 +165,7 @@ func ExampleConfigure() {
 	fmt.Println("canceled is a failure:", cfg.IsFailure(context.Canceled))
 	fmt.Println("other error is a failure:", cfg.IsFailure(errors.New("card declined")))
 	d := cfg.RetryDelayFunc(0, busy, asynq.NewTask("payment:capture", nil))
-	fmt.Println("busy key retried after RetryIn plus jitter:", d >= 5*time.Second && d < 7*time.Second)
+	fmt.Println("busy key retried after RetryIn plus jitter:", d >= 5*time.Second && d < 5*time.Second*5/4+time.Second)
 
 	// Then: srv := asynq.NewServer(redisOpt, cfg)
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -137,7 +138,7 @@ func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
 
 	root, err := decodeObject(payload)
 	if err != nil {
-		return "", &keyError{taskType: typ, msg: err.Error(), err: err}
+		return "", &keyError{taskType: typ, unread: k.fields, msg: err.Error(), err: err}
 	}
 	var cache []map[string]json.RawMessage
 	if k.shared > 0 {
@@ -195,15 +196,27 @@ func (k *fieldKeyer) missing(typ string, i int) error {
 // the payload, which may be large or hold secrets.
 type keyError struct {
 	taskType string
-	field    string // the field as given to On; empty if the payload as a whole is at fault
-	missing  bool   // the field is not in the payload
+	field    string   // the field as given to On; empty if the payload as a whole is at fault
+	unread   []string // when the payload as a whole is at fault: the fields it should have held
+	missing  bool     // the field is not in the payload
 	msg      string
 	err      error // the encoding/json error, if any
 }
 
 func (e *keyError) Error() string {
 	if e.field == "" {
-		return fmt.Sprintf("asynqmutex: task %q: %s", e.taskType, e.msg)
+		if len(e.unread) == 0 {
+			return fmt.Sprintf("asynqmutex: task %q: %s", e.taskType, e.msg)
+		}
+		quoted := make([]string, len(e.unread))
+		for i, f := range e.unread {
+			quoted[i] = strconv.Quote(f)
+		}
+		noun := "field"
+		if len(quoted) > 1 {
+			noun = "fields"
+		}
+		return fmt.Sprintf("asynqmutex: task %q: %s %s not readable: %s", e.taskType, noun, strings.Join(quoted, ", "), e.msg)
 	}
 	if e.missing {
 		return fmt.Sprintf("asynqmutex: task %q: field %q missing from payload", e.taskType, e.field)

@@ -22,7 +22,9 @@ func newLocks(t *testing.T) (*mutex.Client, *miniredis.Miniredis) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	return mutex.New(rdb), m
+	locks := mutex.New(rdb)
+	t.Cleanup(func() { locks.Close() }) // runs first: before rdb is closed
+	return locks, m
 }
 
 // recorder is an AfterFailure hook that keeps what it was given.

@@ -1,0 +1,185 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// TestLongHandlerKeepsLock runs a handler for five TTLs: the renewal keeps the key
+// locked the whole time (another client's TryLock keeps failing), the handler's
+// context is never cancelled, and the key is free once the task is done.
+func TestLongHandlerKeepsLock(t *testing.T) {
+	t.Parallel()
+	const ttl, work = 300 * time.Millisecond, 1500 * time.Millisecond
+	ctx := context.Background()
+	e := newEnv(t)
+	key := lockKey(t, "report", "r6")
+
+	started, finished := make(chan int64, 1), make(chan error, 1)
+	locks, _ := newLocks(t, e.opt)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.TTL(ttl))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(asynq.HandlerFunc(
+		func(ctx context.Context, _ *asynq.Task) error {
+			fence, ok := asynqmutex.Fence(ctx)
+			if !ok {
+				fence = -1
+			}
+			started <- fence
+			select {
+			case <-time.After(work):
+				finished <- nil
+				return nil
+			case <-ctx.Done():
+				finished <- context.Cause(ctx)
+				return ctx.Err()
+			}
+		})))
+	task := e.enqueue(t, "report", payload(t, map[string]string{"id": "r6"}), asynq.MaxRetry(0), asynq.Retention(time.Hour))
+
+	var fence int64
+	select {
+	case fence = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start within 10s")
+	}
+	if fence <= 0 {
+		t.Errorf("Fence(ctx) in the handler = %d, want > 0 (reported ok)", fence)
+	}
+
+	checks := 0
+	var handlerErr error
+loop:
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		select {
+		case handlerErr = <-finished:
+			break loop
+		default:
+		}
+		l, err := e.locks.TryLock(ctx, key, time.Second)
+		if !errors.Is(err, mutex.ErrNotObtained) {
+			_ = l.Unlock(ctx)
+			t.Fatalf("TryLock(%s) %v into the handler = %v, want ErrNotObtained: the lease was not kept", key, time.Duration(checks)*50*time.Millisecond, err)
+		}
+		checks++
+		time.Sleep(50 * time.Millisecond)
+	}
+	if handlerErr != nil {
+		t.Fatalf("handler's context was cancelled: %v", handlerErr)
+	}
+	if checks < int(work/ttl) {
+		t.Errorf("only %d TryLock checks during a %v handler", checks, work)
+	}
+
+	info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateCompleted, 10*time.Second)
+	if info.LastErr != "" {
+		t.Errorf("completed task: %s", describeTask(info))
+	}
+	l, err := e.locks.TryLock(ctx, key, time.Second)
+	if err != nil {
+		t.Fatalf("TryLock after the task completed = %v, want the lock (released)", err)
+	}
+	defer l.Unlock(ctx)
+	if l.Fence() <= fence {
+		t.Errorf("fence after the task = %d, want > the handler's %d", l.Fence(), fence)
+	}
+	t.Logf("%d TryLock checks failed as they should during the handler", checks)
+}
+
+// TestLeaseLostCancelsHandler deletes the lock key in Redis while the handler runs:
+// the renewal finds it gone, the handler's context is cancelled with a cause wrapping
+// mutex.ErrNotHeld, and the task fails with an error that says the lock was lost.
+func TestLeaseLostCancelsHandler(t *testing.T) {
+	t.Parallel()
+	const ttl = 600 * time.Millisecond
+	ctx := context.Background()
+	e := newEnv(t)
+	key := lockKey(t, "ledger", "l7")
+	rkey := redisLockKey(t, key)
+
+	var runs atomic.Int32
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	var errs errRecorder
+	locks, _ := newLocks(t, e.opt)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.TTL(ttl))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2, ErrorHandler: &errs}), mw(asynq.HandlerFunc(
+		func(ctx context.Context, _ *asynq.Task) error {
+			runs.Add(1)
+			started <- struct{}{}
+			select {
+			case <-ctx.Done():
+				cause <- context.Cause(ctx)
+				return ctx.Err()
+			case <-time.After(10 * time.Second):
+				cause <- nil
+				return nil
+			}
+		})))
+	task := e.enqueue(t, "ledger", payload(t, map[string]string{"id": "l7"}), asynq.MaxRetry(0), asynq.Retention(time.Hour))
+
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start within 10s")
+	}
+	// The key is where the mutex package documents it; deleting it is losing it.
+	if n, err := e.rdb.Del(ctx, rkey).Result(); err != nil || n != 1 {
+		t.Fatalf("DEL %s = %d, %v; want 1 (the lock key as documented)", rkey, n, err)
+	}
+	deleted := time.Now()
+	select {
+	case err := <-cause:
+		if err == nil {
+			t.Fatal("handler ran 10s after its lock key was deleted without its context being cancelled")
+		}
+		if !errors.Is(err, mutex.ErrNotHeld) {
+			t.Errorf("context.Cause = %v, want it to wrap mutex.ErrNotHeld", err)
+		}
+		t.Logf("handler cancelled %v after the key was deleted: %v", time.Since(deleted).Round(time.Millisecond), err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("handler still running 15s after its lock key was deleted")
+	}
+
+	info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateArchived, 10*time.Second)
+	if !strings.Contains(info.LastErr, "lost") || !strings.Contains(info.LastErr, "not held") {
+		t.Errorf("archived task: %s; want LastErr saying the lock was lost (mutex: not held)", describeTask(info))
+	}
+	got := errs.all()
+	if len(got) != 1 {
+		t.Fatalf("ErrorHandler saw %d errors, want 1: %v", len(got), got)
+	}
+	if !errors.Is(got[0], mutex.ErrNotHeld) || !strings.Contains(got[0].Error(), "lost") {
+		t.Errorf("task error = %v; want one mentioning \"lost\" that wraps mutex.ErrNotHeld", got[0])
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestLeaseLapsesWithoutRenewal is the positive control of TestLongHandlerKeepsLock:
+// a lock nobody renews is taken by another client soon after its TTL, so the TryLock
+// checks there do catch a lease that was not kept.
+func TestLeaseLapsesWithoutRenewal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	other, _ := newLocks(t, e.opt)
+	key := lockKey(t, "report", "r6-control")
+	if _, err := e.locks.TryLock(ctx, key, 300*time.Millisecond); err != nil {
+		t.Fatalf("TryLock: %v", err)
+	}
+	l, err := other.Lock(ctx, key, time.Second, mutex.MaxWait(5*time.Second))
+	if err != nil {
+		t.Fatalf("Lock on a lapsed lease = %v, want the lock", err)
+	}
+	_ = l.Unlock(ctx)
+}

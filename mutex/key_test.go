@@ -61,10 +61,35 @@ func FuzzEncodeKey(f *testing.F) {
 		if strings.ContainsAny(ea, "{}") || len(ea) > maxKeyLen+64 {
 			t.Fatalf("encodeKey(%q) = %q: brace or too long", a, ea)
 		}
+		if a == "" {
+			return
+		}
+		// Every key of one lock hashes by the same tag, so one Cluster slot.
+		c := &Client{prefix: DefaultPrefix}
+		rkey := c.redisKey(a)
+		for _, k := range []string{rkey, rkey + fenceSuffix, rkey + waitSuffix} {
+			if tag := hashTag(k); tag != ea {
+				t.Fatalf("hash tag of %q = %q, want %q", k, tag, ea)
+			}
+		}
 	})
 }
 
 func sha256hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// hashTag is the part of a key Redis Cluster hashes: the text between the first '{'
+// and the next '}' when that is not empty, else the whole key.
+func hashTag(key string) string {
+	i := strings.IndexByte(key, '{')
+	if i < 0 {
+		return key
+	}
+	j := strings.IndexByte(key[i+1:], '}')
+	if j <= 0 {
+		return key
+	}
+	return key[i+1 : i+1+j]
 }

@@ -13,6 +13,9 @@ func TestMain(m *testing.M) {
 	if server != nil {
 		_ = server.Close()
 	}
+	if certDir != "" {
+		_ = os.RemoveAll(certDir)
+	}
 	if err := goleak.Find(); err != nil && code == 0 {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 		code = 1

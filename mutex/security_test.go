@@ -34,6 +34,9 @@ const aclRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
 	"+get +set +del +exists +incr +pexpire +pttl +time +zadd +zrem +zpopmin +publish"
 
+// certDir holds the shared server's certificates; TestMain removes it.
+var certDir string
+
 const (
 	aclUser     = "locker"
 	aclPassword = "locker-secret"
@@ -46,6 +49,7 @@ func startSharedServer() (*redistest.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	certDir = dir
 	pool, err := writeCerts(dir)
 	if err != nil {
 		return nil, err

@@ -230,6 +230,7 @@ func (s *Server) launch(deadline time.Time) (*process, error) {
 	argv = append(argv, s.args...)
 	out := &tailBuffer{}
 	cmd := exec.Command(s.bin, argv...)
+	cmd.SysProcAttr = dieWithParent()
 	cmd.Dir = s.dir
 	cmd.Stdout = out
 	cmd.Stderr = out

@@ -85,9 +85,10 @@ func sharedServer(t *testing.T) *redis.Client {
 	return rdb
 }
 
-// uniqueKey gives every test its own lock key so tests can run in parallel.
+// uniqueKey gives every test its own lock key so tests can run in parallel, and
+// again with -count, on the one shared server.
 func uniqueKey(t *testing.T) string {
-	return strings.ReplaceAll(t.Name(), "/", ":")
+	return strings.ReplaceAll(t.Name(), "/", ":") + ":" + newToken()[:8]
 }
 
 func TestTryLockExclusive(t *testing.T) {

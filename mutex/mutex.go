@@ -13,8 +13,10 @@
 // overlap. Where overlap would corrupt data, pass [Lock.Fence] to the resource and
 // have it reject any write carrying a fence lower than one it has seen.
 //
-// Keys: the Redis key of a lock is prefix + "{" + encoded key + "}" and its fencing
-// counter is that plus ":fence", so both share one Redis Cluster hash slot. The
+// Keys: the Redis key of a lock is prefix + "{" + encoded key + "}"; its fencing
+// counter and its queue of waiters are that plus ":fence" and ":wait", so all three
+// share one Redis Cluster hash slot. Each Client listens for wake-ups on the channel
+// prefix + "wake:" + a random id. The
 // encoding escapes '%', '{', '}' and '#' (braces in a key cannot move the slot) and
 // replaces keys longer than 256 bytes after escaping by their first 64 bytes, '#' and
 // a SHA-256 digest, so distinct keys never share a Redis key and every key is bounded.
@@ -239,10 +241,10 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// Unlock releases the lock and wakes one waiter per Client waiting for the key. It
+// Unlock releases the lock and wakes the waiter, of any Client, queued longest. It
 // returns an error wrapping ErrNotHeld when the lease had expired or another token
-// holds the key (then nothing changes), and a wrapped Redis error when Redis cannot be
-// reached (then the key frees itself when the lease runs out). Unlock on a nil *Lock
+// holds the key (then nothing changes), and a wrapped Redis error when Redis cannot
+// be reached (then the key frees itself when the lease runs out). Unlock on a nil *Lock
 // returns ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if l == nil {

@@ -73,7 +73,7 @@ func TestLostReplyDoesNotLeak(t *testing.T) {
 		hook.n.Store(1)
 		a, err := c.newAcquisition(key, time.Hour, nil)
 		require.NoError(t, err)
-		_, err = lockScript.Run(ctx, b.rdb, []string{a.rkey, a.rkey + fenceSuffix, a.rkey + waitSuffix},
+		_, err = lockScript.Run(ctx, b.rdb, []string{a.rkey, a.rkey + fenceSuffix, a.rkey + waitSuffix, a.rkey + claimSuffix},
 			a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds(), "", "0").Result()
 		require.Error(t, err)
 		locked, lerr = c.Locked(ctx, key)

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>", expires after the lease
 -- KEYS[2] -> <prefix>{<key>}:fence  the fencing counter
--- KEYS[3] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by claim deadline (ms)
+-- KEYS[3] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by time first queued (ms)
+-- KEYS[4] -> <prefix>{<key>}:claim  waiters: hash of "<client>.<waiter>" to claim deadline (ms)
 -- ARGV[1] -> token of this acquisition (non-empty, may contain ':')
 -- ARGV[2] -> lease in milliseconds
 -- ARGV[3] -> lifetime of a new fencing counter in milliseconds
@@ -21,8 +22,9 @@
 -- its successor is seeded the same way, so fences keep increasing as long as that
 -- clock does not go back and a key sees fewer than a million acquisitions a second.
 --
--- A queued waiter's claim lasts until a little after the holder's lease would end,
--- when the waiter tries again by itself and renews it; stale claims are skipped.
+-- A waiter keeps its place in the queue (ZADD NX) while it retries. Its claim lasts
+-- until a little after the holder's lease would end, when the waiter tries again by
+-- itself and renews the claim; a release skips waiters whose claim lapsed.
 local v = redis.call('GET', KEYS[1])
 if v then
   local i = string.find(v, ':', 1, true)
@@ -33,11 +35,13 @@ if v then
   local pttl = redis.call('PTTL', KEYS[1])
   if ARGV[4] ~= '' then
     local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local claim = math.floor(math.max(pttl, 1000) * 1.25) + 1000
-    local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + claim
-    redis.call('ZADD', KEYS[3], string.format('%d', deadline), ARGV[4])
+    redis.call('ZADD', KEYS[3], 'NX', string.format('%d', now), ARGV[4])
+    redis.call('HSET', KEYS[4], ARGV[4], string.format('%d', now + claim))
     if redis.call('PTTL', KEYS[3]) < claim then
       redis.call('PEXPIRE', KEYS[3], claim)
+      redis.call('PEXPIRE', KEYS[4], claim)
     end
   end
   return {0, pttl}
@@ -50,6 +54,7 @@ if f == 1 then
 end
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[4])
+  redis.call('HDEL', KEYS[4], ARGV[4])
 end
 redis.call('SET', KEYS[1], string.format('%d', f) .. ':' .. ARGV[1], 'PX', ARGV[2])
 return {f, 0}

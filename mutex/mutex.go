@@ -14,8 +14,8 @@
 // have it reject any write carrying a fence lower than one it has seen.
 //
 // Keys: the Redis key of a lock is prefix + "{" + encoded key + "}"; its fencing
-// counter and its queue of waiters are that plus ":fence" and ":wait", so all three
-// share one Redis Cluster hash slot. Each Client listens for wake-ups on the channel
+// counter and its queue of waiters are that plus ":fence", ":wait" and ":claim", so
+// all share one Redis Cluster hash slot. Each Client listens for wake-ups on the channel
 // prefix + "wake:" + a random id. The
 // encoding escapes '%', '{', '}' and '#' (braces in a key cannot move the slot) and
 // replaces keys longer than 256 bytes after escaping by their first 64 bytes, '#' and
@@ -56,6 +56,7 @@ const (
 
 	fenceSuffix  = ":fence"
 	waitSuffix   = ":wait"
+	claimSuffix  = ":claim"
 	channelInfix = "wake:" // a Client listens on prefix + "wake:" + its id
 
 	// fenceRetention is how long a fencing counter lives. Its successor is seeded from
@@ -75,6 +76,10 @@ type Client struct {
 	rdb    redis.UniversalClient
 	prefix string
 	hub    *hub
+
+	// countsSubscribers is "1" unless rdb is a Cluster client: there PUBLISH counts only
+	// the subscribers of the node it ran on, so zero does not mean nobody listens.
+	countsSubscribers string
 }
 
 // Option configures a Client in New.
@@ -102,7 +107,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if rdb == nil {
 		panic("mutex.New: nil redis client")
 	}
-	c := &Client{rdb: rdb, prefix: DefaultPrefix}
+	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1"}
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		c.countsSubscribers = "0"
+	}
 	for _, o := range opts {
 		o.apply(c)
 	}
@@ -348,7 +356,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		}
 	}
 	sent := time.Now()
-	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + fenceSuffix, a.rkey + waitSuffix},
+	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + fenceSuffix, a.rkey + waitSuffix, a.rkey + claimSuffix},
 		a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds(), member, queued).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
@@ -381,7 +389,8 @@ func (c *Client) abandon(ctx context.Context, a *acquisition) {
 // release runs release.lua: with a token it unlocks; with "" it only passes a
 // wake-up on to the next waiter if the lock is free.
 func (c *Client) release(ctx context.Context, rkey, token string) (int64, error) {
-	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, token, c.prefix+channelInfix).Int64()
+	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix, rkey + claimSuffix},
+		token, c.prefix+channelInfix, c.countsSubscribers).Int64()
 }
 
 func (c *Client) redisKey(key string) string {

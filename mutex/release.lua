@@ -1,16 +1,20 @@
 -- release.lua: release the lock if our token holds it, then wake the next waiter.
 --
--- KEYS[1] -> <prefix>{<key>}       the lock; value "<fence>:<token>"
--- KEYS[2] -> <prefix>{<key>}:wait  waiters: sorted set of "<client>.<waiter>" by claim deadline (ms)
+-- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>"
+-- KEYS[2] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by time first queued (ms)
+-- KEYS[3] -> <prefix>{<key>}:claim  waiters: hash of "<client>.<waiter>" to claim deadline (ms)
 -- ARGV[1] -> token; or "" to only pass a wake-up on: wake the next waiter if the lock is free
 -- ARGV[2] -> channel prefix: a client <c> listens on ARGV[2] .. <c>
+-- ARGV[3] -> "1" when PUBLISH counts every subscriber (not in Redis Cluster, where it
+--            counts those of this node only)
 --
 -- Returns 1 when released, 0 when the key is gone or holds another token (then the
 -- lock is not touched). Repeating a release that was applied returns 0.
 --
--- The waiter with the earliest claim that has not lapsed is removed from the queue
--- and its client gets "<waiter> <lock key>" on its channel: one release wakes one
--- waiter among all clients, not every waiter of every client.
+-- The longest-queued waiter whose claim has not lapsed is removed from the queue and
+-- its client gets "<waiter> <lock key>" on its channel: one release wakes one waiter
+-- among all clients. When no subscriber received it (that client died or is
+-- reconnecting), the next waiter is tried, so a dead waiter cannot swallow a release.
 local released = 0
 if ARGV[1] ~= '' then
   local v = redis.call('GET', KEYS[1])
@@ -32,10 +36,12 @@ for _ = 1, 16 do
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  if tonumber(w[2]) >= now then
-    local dot = string.find(w[1], '.', 1, true)
-    if dot then
-      redis.call('PUBLISH', ARGV[2] .. string.sub(w[1], 1, dot - 1), string.sub(w[1], dot + 1) .. ' ' .. KEYS[1])
+  local claim = tonumber(redis.call('HGET', KEYS[3], w[1]))
+  redis.call('HDEL', KEYS[3], w[1])
+  local dot = string.find(w[1], '.', 1, true)
+  if claim and claim >= now and dot then
+    local got = redis.call('PUBLISH', ARGV[2] .. string.sub(w[1], 1, dot - 1), string.sub(w[1], dot + 1) .. ' ' .. KEYS[1])
+    if got > 0 or ARGV[3] ~= '1' then
       break
     end
   end

@@ -32,7 +32,7 @@ import (
 // go-redis sends on connecting and subscribing. The README quotes them.
 const aclRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
-	"+get +set +del +exists +incr +pexpire +pttl +time +zadd +zrem +zpopmin +publish"
+	"+get +set +del +exists +incr +pexpire +pttl +time +zadd +zrem +zpopmin +hset +hget +hdel +publish"
 
 // certDir holds the shared server's certificates; TestMain removes it.
 var certDir string

@@ -20,7 +20,9 @@ import (
 //
 // A waiter does not poll. A failed attempt queues it in Redis, in the same script, and
 // a release wakes the longest-queued waiter of any Client through that Client's
-// subscription connection: one release, one waiter woken. When nothing wakes it (the
+// subscription connection: one release, one waiter woken (in Redis Cluster, where a
+// release cannot tell whether a wake-up was received, a waiter whose Client died can
+// swallow one, and the next waiter then comes back when the lease would have ended). When nothing wakes it (the
 // holder crashed), a waiter tries again when the holder's remaining lease runs out,
 // plus a little random jitter. ttl is rounded down to whole milliseconds and must be
 // at least 1ms; key must not be empty.
@@ -187,7 +189,7 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_ = unwaitScript.Run(ctx, h.c.rdb, []string{w.rkey + waitSuffix}, w.member).Err()
+	_ = unwaitScript.Run(ctx, h.c.rdb, []string{w.rkey + waitSuffix, w.rkey + claimSuffix}, w.member).Err()
 	if len(w.wake) > 0 {
 		_, _ = h.c.release(ctx, w.rkey, "")
 	}

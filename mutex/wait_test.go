@@ -200,3 +200,38 @@ func TestCloseWhileWaiting(t *testing.T) {
 		require.NoError(t, c.Close())
 	})
 }
+
+func TestReleaseSkipsWaiterNobodyHears(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		c := New(b.rdb)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		rkey := c.redisKey(key)
+		holder, err := c.TryLock(ctx, key, time.Hour)
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			got <- err
+		}()
+		waitForWaiters(t, b, c, key, 1)
+		// A waiter of a Client that died: first in line, with a live claim, and no one
+		// subscribed to its channel.
+		far := time.Now().Add(time.Hour).UnixMilli()
+		require.NoError(t, b.admin.ZAdd(ctx, rkey+waitSuffix, redis.Z{Score: 0, Member: "dead.1"}).Err())
+		require.NoError(t, b.admin.HSet(ctx, rkey+claimSuffix, "dead.1", far).Err())
+
+		require.NoError(t, holder.Unlock(ctx))
+		// The holder's lease was an hour: only a wake-up passed on past the dead waiter
+		// lets the live one in.
+		select {
+		case err := <-got:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the dead waiter swallowed the release")
+		}
+	})
+}

@@ -1,0 +1,51 @@
+//go:build unix
+
+// Package chaos is the reliability battery of asynqmutex: it runs the lock across
+// several worker processes (this test binary, re-executed in worker mode) against a
+// real redis-server, injects faults (SIGKILL and SIGSTOP of a holder, a restart of the
+// lock Redis without persistence), and checks every run with checkers that can fail:
+// occupancy and lost updates on a "referee" redis-server that is never faulted,
+// fenced writes the referee accepts only in fence order, and a porcupine
+// linearizability check of the recorded acquire/release history. Every checker has
+// a positive control that must trip it.
+//
+// Run it with
+//
+//	go test -race -count=1 ./integration/chaos/
+//
+// The default counts are scaled down to keep CI short; ASYNQMUTEX_CHAOS_LONG=1 runs
+// the full counts (8 workers x 5,000 sections). See README.md for what each scenario
+// shows and the figures of a run.
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("ASYNQMUTEX_TEST_LOG") == "" {
+		// go-redis logs every connection a restarted or killed server breaks.
+		redis.SetLogger(quietRedisLogger{})
+	}
+	if spec := os.Getenv(WorkerEnv); spec != "" {
+		// A worker process: run the mode the parent asked for and exit, without
+		// running any test.
+		os.Exit(workerMain(spec))
+	}
+	code := m.Run()
+	if err := goleak.Find(); err != nil && code == 0 {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+type quietRedisLogger struct{}
+
+func (quietRedisLogger) Printf(context.Context, string, ...any) {}

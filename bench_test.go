@@ -2,11 +2,9 @@ package asynqmutex_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/internal/benchkit"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -56,17 +55,17 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 	noop := func(context.Context) error { return nil }
 	b.Run("asynq", func(b *testing.B) {
 		r := runBatch(b, batchSpec{addr: addr, tasks: b.N, concurrency: benchConcurrency, payload: distinct, work: noop, bound: batchBound})
-		r.check(b)
-		b.ReportMetric(float64(b.N)/r.drain.Seconds(), "tasks/s")
-		b.ReportMetric(float64(r.trips)/float64(b.N), "rtt/task")
+		check(b, r)
+		b.ReportMetric(float64(b.N)/r.Drain.Seconds(), "tasks/s")
+		b.ReportMetric(float64(r.Trips)/float64(b.N), "rtt/task")
 	})
 	b.Run("middleware", func(b *testing.B) {
 		r := runBatch(b, batchSpec{addr: addr, tasks: b.N, concurrency: benchConcurrency, payload: distinct, work: noop, bound: batchBound,
 			lock: []asynqmutex.Option{asynqmutex.On("id")}})
-		r.check(b)
-		b.ReportMetric(float64(b.N)/r.drain.Seconds(), "tasks/s")
-		b.ReportMetric(float64(r.trips+r.lockTrips)/float64(b.N), "rtt/task")
-		b.ReportMetric(float64(r.lockTrips)/float64(b.N), "lock-rtt/task")
+		check(b, r)
+		b.ReportMetric(float64(b.N)/r.Drain.Seconds(), "tasks/s")
+		b.ReportMetric(float64(r.Trips+r.LockTrips)/float64(b.N), "rtt/task")
+		b.ReportMetric(float64(r.LockTrips)/float64(b.N), "lock-rtt/task")
 	})
 }
 
@@ -82,23 +81,14 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 func BenchmarkHotKey(b *testing.B) {
 	addr := redistest.Start(b).Addr()
 	hot := func(int) []byte { return []byte(`{"id":"hot"}`) }
-	work := func(ctx context.Context) error {
-		t := time.NewTimer(hotWork)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	work := func(ctx context.Context) error { return benchkit.Sleep(ctx, hotWork) }
 	ideal := time.Duration(hotTasks) * hotWork
 	drains := func(b *testing.B, spec batchSpec) {
 		var total time.Duration
 		for range b.N {
 			r := runBatch(b, spec)
-			r.check(b)
-			total += r.drain
+			check(b, r)
+			total += r.Drain
 		}
 		b.ReportMetric(0, "ns/op")
 		b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/drain")
@@ -117,8 +107,8 @@ func BenchmarkHotKey(b *testing.B) {
 			r := runBatch(b, batchSpec{addr: addr, tasks: hotTasks, concurrency: benchConcurrency, payload: hot, work: work,
 				bound: retryLaterWindow, configure: asynqmutex.Configure,
 				lock: []asynqmutex.Option{asynqmutex.On("id"), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second))}})
-			done += r.done
-			conflicts += r.conflicts
+			done += r.Done
+			conflicts += r.Conflicts
 		}
 		b.ReportMetric(0, "ns/op")
 		b.ReportMetric(float64(done)/float64(b.N), "tasks-done/5s")
@@ -139,21 +129,19 @@ type batchSpec struct {
 	configure   func(asynq.Config) asynq.Config
 }
 
-type batchResult struct {
-	tasks, done      int
-	drain            time.Duration // from the server's start to the last handler's return
-	trips, lockTrips int64         // round trips of asynq's and the lock's connections
-	conflicts        int64         // task runs that did not get the lock
-}
+// batchResult is what runBatch measured.
+type batchResult = benchkit.BatchResult
 
-func (r batchResult) check(b *testing.B) {
+// check fails the benchmark unless every task of r was done.
+func check(b *testing.B, r batchResult) {
 	b.Helper()
-	if r.done < r.tasks {
-		b.Fatalf("%d of %d tasks done before the bound", r.done, r.tasks)
+	if r.Done < r.Tasks {
+		b.Fatalf("%d of %d tasks done before the bound", r.Done, r.Tasks)
 	}
 }
 
-// runBatch runs one batch with the benchmark's timer on only while the server runs.
+// runBatch runs one batch (benchkit.Batch) with the benchmark's timer on only while
+// the server runs.
 func runBatch(b *testing.B, spec batchSpec) batchResult {
 	b.Helper()
 	b.StopTimer()
@@ -164,145 +152,31 @@ func runBatch(b *testing.B, spec batchSpec) batchResult {
 
 	enq := redis.NewClient(&redis.Options{Addr: spec.addr})
 	defer enq.Close()
-	if err := enqueue(ctx, enq, qname, spec); err != nil {
-		b.Fatalf("enqueue: %v", err)
-	}
-
-	asynqTrips := new(roundTrips)
+	defer func() { _ = benchkit.DeleteQueue(enq, qname) }()
+	asynqTrips := new(benchkit.RoundTrips)
 	rdb := redis.NewClient(&redis.Options{Addr: spec.addr})
 	rdb.AddHook(asynqTrips)
 	defer rdb.Close()
-
-	var (
-		done     atomic.Int64
-		lastDone atomic.Int64 // UnixNano
-		all      = make(chan struct{})
-	)
-	var h asynq.Handler = asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
-		if err := spec.work(ctx); err != nil {
-			return err
-		}
-		lastDone.Store(time.Now().UnixNano())
-		if done.Add(1) == int64(spec.tasks) {
-			close(all)
-		}
-		return nil
-	})
-	var (
-		lockTrips *roundTrips
-		conflicts atomic.Int64 // task runs that did not get the lock
-	)
+	batch := benchkit.Batch{Enq: enq, Rdb: rdb, Queue: qname,
+		Tasks: spec.tasks, Concurrency: spec.concurrency, Payload: spec.payload, Work: spec.work,
+		Configure: spec.configure, Logger: benchkit.QuietLogger(b.Log, b.Error), Bound: spec.bound,
+		Trips: asynqTrips,
+		Start: func() error { b.StartTimer(); return nil },
+		Stop:  func() error { b.StopTimer(); return nil },
+	}
 	if spec.lock != nil {
-		lockTrips = new(roundTrips)
+		batch.LockTrips, batch.Conflicts = new(benchkit.RoundTrips), new(atomic.Int64)
 		lrdb := redis.NewClient(&redis.Options{Addr: spec.addr})
-		lrdb.AddHook(lockTrips)
+		lrdb.AddHook(batch.LockTrips)
 		defer lrdb.Close()
 		locks := mutex.New(lrdb, mutex.Prefix("asynqmutex-bench:"))
 		defer locks.Close() // before lrdb.Close: it drops its subscription connection
-		count := asynqmutex.AfterFailure(func(context.Context, *asynq.Task, error) { conflicts.Add(1) })
-		h = asynqmutex.Middleware(locks, append(spec.lock, count)...)(h)
+		count := asynqmutex.AfterFailure(func(context.Context, *asynq.Task, error) { batch.Conflicts.Add(1) })
+		batch.Wrap = asynqmutex.Middleware(locks, append(spec.lock, count)...)
 	}
-	cfg := asynq.Config{
-		Concurrency:              spec.concurrency,
-		Queues:                   map[string]int{qname: 1},
-		TaskCheckInterval:        time.Millisecond, // the processor's sleep when every queue is empty
-		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		ShutdownTimeout:          5 * time.Second,
-		Logger:                   quietLogger{b},
-		LogLevel:                 asynq.ErrorLevel,
+	r, err := batch.Run(ctx)
+	if err != nil {
+		b.Fatalf("batch: %v", err)
 	}
-	if spec.configure != nil {
-		cfg = spec.configure(cfg)
-	}
-	srv := asynq.NewServerFromRedisClient(rdb, cfg)
-	defer deleteQueue(enq, qname)
-
-	start := time.Now()
-	b.StartTimer()
-	if err := srv.Start(h); err != nil {
-		b.Fatalf("asynq server: %v", err)
-	}
-	t := time.NewTimer(spec.bound)
-	select {
-	case <-all:
-	case <-t.C:
-	}
-	t.Stop()
-	b.StopTimer()
-	r := batchResult{tasks: spec.tasks, done: int(done.Load()), trips: asynqTrips.n.Load(), conflicts: conflicts.Load()}
-	if lockTrips != nil {
-		r.lockTrips = lockTrips.n.Load()
-	}
-	if last := lastDone.Load(); last != 0 {
-		r.drain = time.Unix(0, last).Sub(start)
-	}
-	srv.Shutdown()
 	return r
 }
-
-// enqueue puts spec.tasks tasks on qname, from 8 goroutines.
-func enqueue(ctx context.Context, rdb *redis.Client, qname string, spec batchSpec) error {
-	c := asynq.NewClientFromRedisClient(rdb)
-	defer c.Close() // leaves rdb open: the connection is shared
-	var (
-		next  atomic.Int64
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < spec.tasks; i = int(next.Add(1)) - 1 {
-				if _, err := c.EnqueueContext(ctx, asynq.NewTask("bench:task", spec.payload(i)), asynq.Queue(qname)); err != nil {
-					mu.Lock()
-					first = errors.Join(first, err)
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return first
-}
-
-// deleteQueue removes what asynq keeps of a queue.
-func deleteQueue(rdb *redis.Client, qname string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	iter := rdb.Scan(ctx, 0, "asynq:{"+qname+"}*", 1000).Iterator()
-	for iter.Next(ctx) {
-		_ = rdb.Unlink(ctx, iter.Val()).Err()
-	}
-	_ = rdb.SRem(ctx, "asynq:queues", qname).Err()
-}
-
-// roundTrips is a go-redis hook counting commands and pipelines sent.
-type roundTrips struct{ n atomic.Int64 }
-
-var _ redis.Hook = (*roundTrips)(nil)
-
-func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
-// quietLogger passes asynq's errors to the benchmark's log and drops the rest.
-type quietLogger struct{ b *testing.B }
-
-func (quietLogger) Debug(...any)        {}
-func (quietLogger) Info(...any)         {}
-func (quietLogger) Warn(...any)         {}
-func (l quietLogger) Error(args ...any) { l.b.Log(append([]any{"asynq:"}, args...)...) }
-func (l quietLogger) Fatal(args ...any) { l.b.Error(append([]any{"asynq: fatal:"}, args...)...) }

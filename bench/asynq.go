@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/internal/benchkit"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
@@ -65,60 +64,15 @@ func rateAtLeast(share float64) func(figure, float64) bool {
 	return func(_ figure, r float64) bool { return 1/r >= share }
 }
 
-// asynqConfig is the Config every asynq server of the scenarios runs with, with or
-// without the middleware. TaskCheckInterval is how long the processor sleeps when it
-// finds every queue empty; a batch keeps its queue full until its last tasks, so it
-// matters only where tasks leave the queue (RetryLater) and at the end of a batch.
-// DelayedTaskCheckInterval is how often retries are moved back to their queue.
-func asynqConfig(qname string, concurrency int) asynq.Config {
-	return asynq.Config{
-		Concurrency:              concurrency,
-		Queues:                   map[string]int{qname: 1},
-		TaskCheckInterval:        time.Millisecond,
-		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		ShutdownTimeout:          5 * time.Second,
-		Logger:                   quietLogger{},
-		LogLevel:                 asynq.ErrorLevel,
-	}
-}
+// quietLogger keeps asynq's errors, on stderr, and drops the rest.
+var quietLogger = benchkit.QuietLogger(stderrln, stderrln)
 
-// quietLogger keeps asynq's errors and drops the rest.
-type quietLogger struct{}
+func stderrln(args ...any) { fmt.Fprintln(os.Stderr, args...) }
 
-func (quietLogger) Debug(...any)      {}
-func (quietLogger) Info(...any)       {}
-func (quietLogger) Warn(...any)       {}
-func (quietLogger) Error(args ...any) { fmt.Fprintln(os.Stderr, append([]any{"asynq:"}, args...)...) }
-func (quietLogger) Fatal(args ...any) {
-	fmt.Fprintln(os.Stderr, append([]any{"asynq: fatal:"}, args...)...)
-}
-
-var _ asynq.Logger = quietLogger{}
-
-// roundTrips is a go-redis hook counting round trips: each command or pipeline
-// sent. Subscriptions' own traffic is not counted.
-type roundTrips struct{ n atomic.Int64 }
-
-var _ redis.Hook = (*roundTrips)(nil)
-
-func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
-// asynqSide runs batches through asynq servers: enqueue a batch, start a server,
-// wait until every task of the batch ran its handler, shut the server down. One
-// Redis connection pool for asynq (and one for the lock) serves all its batches, as
-// a long-running worker process would.
+// asynqSide runs batches through asynq servers (benchkit.Batch): enqueue a batch,
+// start a server, wait until every task of the batch ran its handler, shut the server
+// down. One Redis connection pool for asynq (and one for the lock) serves all its
+// batches, as a long-running worker process would.
 type asynqSide struct {
 	e           *env
 	tasks       int
@@ -131,41 +85,30 @@ type asynqSide struct {
 
 	enq        *redis.Client // enqueues; not counted
 	rdb        *redis.Client // asynq's
-	asynqTrips *roundTrips
-	lockTrips  *roundTrips   // nil without the lock
-	lockRdb    *redis.Client // the lock's; nil without it
-	conflicts  atomic.Int64  // tasks that did not get the lock (AfterFailure)
+	asynqTrips *benchkit.RoundTrips
+	lockTrips  *benchkit.RoundTrips // nil without the lock
+	lockRdb    *redis.Client        // the lock's; nil without it
+	conflicts  atomic.Int64         // tasks that did not get the lock (AfterFailure)
 
 	totals batchResult
 }
 
-// batchResult is what one or more batches measured.
+// batchResult is what one or more batches measured: benchkit's figures, and the CPU
+// time of the server and of this process over the same time.
 type batchResult struct {
-	tasks     int           // tasks enqueued
-	done      int           // of them, handled
-	elapsed   time.Duration // from the first handler call to the last handler's return
-	drain     time.Duration // from the server's start to the last handler's return
-	trips     int64         // asynq's round trips
-	lockTrips int64
-	redisCPU  time.Duration
-	goCPU     time.Duration
-	conflicts int64 // runs of a task that did not get the lock
+	benchkit.BatchResult
+	redisCPU time.Duration
+	goCPU    time.Duration
 }
 
 func (r *batchResult) add(o batchResult) {
-	r.tasks += o.tasks
-	r.done += o.done
-	r.elapsed += o.elapsed
-	r.drain += o.drain
-	r.trips += o.trips
-	r.lockTrips += o.lockTrips
+	r.BatchResult.Add(o.BatchResult)
 	r.redisCPU += o.redisCPU
 	r.goCPU += o.goCPU
-	r.conflicts += o.conflicts
 }
 
 func newAsynqSide(e *env, tasks, concurrency int) *asynqSide {
-	s := &asynqSide{e: e, tasks: tasks, concurrency: concurrency, asynqTrips: new(roundTrips), bound: opBound,
+	s := &asynqSide{e: e, tasks: tasks, concurrency: concurrency, asynqTrips: new(benchkit.RoundTrips), bound: opBound,
 		work: func(context.Context) error { return nil }}
 	s.payload = func(i int) []byte { return []byte(`{"id":"` + strconv.Itoa(i) + `"}`) }
 	s.enq = e.redis()
@@ -176,7 +119,7 @@ func newAsynqSide(e *env, tasks, concurrency int) *asynqSide {
 // withLock makes the side run its handler through the middleware, on a mutex.Client
 // of its own pool; close releases it.
 func (s *asynqSide) withLock(opts ...asynqmutex.Option) *mutex.Client {
-	s.lockTrips = new(roundTrips)
+	s.lockTrips = new(benchkit.RoundTrips)
 	s.lockRdb = s.e.redis(s.lockTrips)
 	locks := mutex.New(s.lockRdb, mutex.Prefix(s.e.prefix))
 	count := asynqmutex.AfterFailure(func(context.Context, *asynq.Task, error) { s.conflicts.Add(1) })
@@ -199,8 +142,8 @@ func (s *asynqSide) run(ctx context.Context, deadline time.Time) error {
 		if err != nil {
 			return err
 		}
-		if r.done < r.tasks {
-			return fmt.Errorf("%d of %d tasks done within %v", r.done, r.tasks, s.bound)
+		if r.Done < r.Tasks {
+			return fmt.Errorf("%d of %d tasks done within %v", r.Done, r.Tasks, s.bound)
 		}
 		s.totals.add(r)
 	}
@@ -209,143 +152,55 @@ func (s *asynqSide) run(ctx context.Context, deadline time.Time) error {
 
 func (s *asynqSide) figures() map[string]float64 {
 	t := s.totals
-	n := float64(t.done)
+	n := float64(t.Done)
 	f := map[string]float64{
 		// The first handler call starts the clock: n-1 tasks per batch ran after it.
-		"throughput":  (n - float64(t.done/s.tasks)) / t.elapsed.Seconds(),
-		"round trips": float64(t.trips+t.lockTrips) / n,
+		"throughput":  (n - float64(t.Done/s.tasks)) / t.Elapsed.Seconds(),
+		"round trips": float64(t.Trips+t.LockTrips) / n,
 		"redis CPU":   float64(t.redisCPU.Microseconds()) / n,
 		"Go CPU":      float64(t.goCPU.Microseconds()) / n,
 	}
 	if s.lockTrips != nil {
-		f["lock round trips"] = float64(t.lockTrips) / n
+		f["lock round trips"] = float64(t.LockTrips) / n
 	}
 	return f
 }
 
-// batch enqueues s.tasks tasks on a queue of their own, runs an asynq server until
-// they are all handled or s.bound passes, and deletes the queue.
+// batch runs s.tasks tasks on a queue of their own until they are all handled or
+// s.bound passes, and deletes the queue.
 func (s *asynqSide) batch(ctx context.Context) (batchResult, error) {
 	qname := s.e.prefix + "q:" + token()
-	defer s.e.deleteQueue(qname)
-	if err := s.enqueue(ctx, qname); err != nil {
-		return batchResult{}, err
-	}
-
-	var (
-		done      atomic.Int64
-		firstCall atomic.Int64 // UnixNano of the first handler call
-		lastDone  atomic.Int64 // UnixNano of the last handler return
-		all       = make(chan struct{})
-	)
-	var h asynq.Handler = asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		firstCall.CompareAndSwap(0, time.Now().UnixNano())
-		err := s.work(ctx)
-		if err != nil {
-			return err
-		}
-		lastDone.Store(time.Now().UnixNano())
-		if done.Add(1) == int64(s.tasks) {
-			close(all)
-		}
-		return nil
-	})
-	if s.wrap != nil {
-		h = s.wrap(h)
-	}
-	cfg := asynqConfig(qname, s.concurrency)
-	if s.configure != nil {
-		cfg = s.configure(cfg)
-	}
-	srv := asynq.NewServerFromRedisClient(s.rdb, cfg)
-
-	cpu0, err := redisCPU(ctx, s.e.stats)
-	if err != nil {
-		return batchResult{}, err
-	}
-	go0, trips0, conflicts0 := processCPU(), s.asynqTrips.n.Load(), s.conflicts.Load()
-	var lock0 int64
-	if s.lockTrips != nil {
-		lock0 = s.lockTrips.n.Load()
-	}
-	start := time.Now()
-	if err := srv.Start(h); err != nil {
-		return batchResult{}, err
-	}
-	t := time.NewTimer(s.bound)
-	select {
-	case <-all:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	t.Stop()
-	r := batchResult{tasks: s.tasks, done: int(done.Load()), goCPU: processCPU() - go0,
-		trips: s.asynqTrips.n.Load() - trips0, conflicts: s.conflicts.Load() - conflicts0}
-	if s.lockTrips != nil {
-		r.lockTrips = s.lockTrips.n.Load() - lock0
-	}
-	cpu1, err := redisCPU(ctx, s.e.stats)
-	srv.Shutdown()
-	if err != nil {
-		return batchResult{}, err
-	}
-	r.redisCPU = cpu1 - cpu0
-	if last := lastDone.Load(); last != 0 {
-		r.elapsed = time.Duration(last - firstCall.Load())
-		r.drain = time.Unix(0, last).Sub(start)
-	}
-	return r, ctx.Err()
-}
-
-// enqueue puts s.tasks tasks on qname, from 8 goroutines.
-func (s *asynqSide) enqueue(ctx context.Context, qname string) error {
-	c := asynq.NewClientFromRedisClient(s.enq)
-	defer c.Close() // does not close s.enq: the connection is shared
-	const senders = 8
-	var (
-		next  atomic.Int64
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	for range senders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < s.tasks; i = int(next.Add(1)) - 1 {
-				task := asynq.NewTask("bench:task", s.payload(i))
-				if _, err := c.EnqueueContext(ctx, task, asynq.Queue(qname)); err != nil {
-					mu.Lock()
-					first = errors.Join(first, err)
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return first
-}
-
-// deleteQueue removes what asynq keeps of a queue, by a SCAN of its hash tag.
-func (e *env) deleteQueue(qname string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var cursor uint64
-	for range 1000 {
-		keys, next, err := e.stats.Scan(ctx, cursor, "asynq:{"+qname+"}*", 1000).Result()
-		if err != nil {
+	defer func() {
+		if err := benchkit.DeleteQueue(s.e.stats, qname); err != nil {
 			fmt.Fprintln(os.Stderr, "bench: deleting queue:", err)
-			return
 		}
-		if len(keys) > 0 {
-			_ = e.stats.Unlink(ctx, keys...).Err()
-		}
-		if cursor = next; cursor == 0 {
-			break
-		}
+	}()
+	var (
+		r         batchResult
+		cpu0, go0 time.Duration
+	)
+	b := benchkit.Batch{Enq: s.enq, Rdb: s.rdb, Queue: qname,
+		Tasks: s.tasks, Concurrency: s.concurrency, Payload: s.payload, Work: s.work,
+		Wrap: s.wrap, Configure: s.configure, Logger: quietLogger, Bound: s.bound,
+		Trips: s.asynqTrips, LockTrips: s.lockTrips, Conflicts: &s.conflicts,
+		Start: func() (err error) {
+			cpu0, err = redisCPU(ctx, s.e.stats)
+			go0 = processCPU()
+			return err
+		},
+		Stop: func() error {
+			r.goCPU = processCPU() - go0
+			cpu1, err := redisCPU(ctx, s.e.stats)
+			r.redisCPU = cpu1 - cpu0
+			return err
+		},
 	}
-	_ = e.stats.SRem(ctx, "asynq:queues", qname).Err()
+	var err error
+	r.BatchResult, err = b.Run(ctx)
+	if err != nil {
+		return batchResult{}, err
+	}
+	return r, nil
 }
 
 // redisCPU is the CPU time the server used so far, user and system.
@@ -392,26 +247,17 @@ func asynqOverhead(ctx context.Context, e *env, d time.Duration) (map[string]fig
 // what asynq itself adds to serial work.
 func asynqHotKey(ctx context.Context, e *env, _ time.Duration) (map[string]figure, error) {
 	ideal := float64((hotTasks * hotWork).Milliseconds())
-	work := func(ctx context.Context) error {
-		t := time.NewTimer(hotWork)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	work := func(ctx context.Context) error { return benchkit.Sleep(ctx, hotWork) }
 	hot := func(int) []byte { return []byte(`{"id":"hot"}`) }
 	drain := func(s *asynqSide) (batchResult, error) {
 		s.work, s.payload = work, hot
 		return s.batch(ctx)
 	}
 	ms := func(r batchResult) float64 {
-		if r.done < r.tasks {
+		if r.Done < r.Tasks {
 			return nan()
 		}
-		return float64(r.drain.Microseconds()) / 1e3
+		return float64(r.Drain.Microseconds()) / 1e3
 	}
 	figs := make(map[string]figure)
 
@@ -430,8 +276,8 @@ func asynqHotKey(ctx context.Context, e *env, _ time.Duration) (map[string]figur
 	if err != nil {
 		return nil, err
 	}
-	if r.done < r.tasks {
-		return nil, fmt.Errorf("MaxWait: %d of %d tasks done within %v", r.done, r.tasks, wait.bound)
+	if r.Done < r.Tasks {
+		return nil, fmt.Errorf("MaxWait: %d of %d tasks done within %v", r.Done, r.Tasks, wait.bound)
 	}
 	figs["drain, MaxWait(1m)"] = figure{ideal, ms(r)}
 
@@ -447,8 +293,8 @@ func asynqHotKey(ctx context.Context, e *env, _ time.Duration) (map[string]figur
 		return nil, err
 	}
 	figs["drain, RetryLater(1s)"] = figure{ideal, ms(r)}
-	figs["RetryLater(1s) done"] = figure{nan(), float64(r.done)}
-	figs["RetryLater(1s) conflicts"] = figure{nan(), float64(r.conflicts) / float64(r.done)}
+	figs["RetryLater(1s) done"] = figure{nan(), float64(r.Done)}
+	figs["RetryLater(1s) conflicts"] = figure{nan(), float64(r.Conflicts) / float64(r.Done)}
 	return figs, nil
 }
 

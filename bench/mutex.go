@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/benchkit"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
@@ -64,9 +62,6 @@ const (
 	// wake-up or a dead server ends the program with an error instead of hanging it.
 	opBound = 30 * time.Second
 
-	// floorRetry is how long the floor's spin lock sleeps after "not set".
-	floorRetry = 500 * time.Microsecond
-
 	// hubLinger exceeds how long a mutex.Client keeps its subscription connection
 	// after the last waiter left; waiting it out before closing the connection pool
 	// keeps go-redis from logging a connection broken under a read.
@@ -94,14 +89,6 @@ func token() string {
 	return strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)
 }
 
-func setNX(ctx context.Context, rdb *redis.Client, key, tok string) (bool, error) {
-	err := rdb.Do(ctx, "set", key, tok, "nx", "px", lockTTL.Milliseconds()).Err()
-	if errors.Is(err, redis.Nil) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
 // uncontended: one goroutine takes and releases a free key, again and again.
 func uncontended(ctx context.Context, e *env, d time.Duration) (map[string]figure, error) {
 	frdb, lrdb := e.redis(), e.redis()
@@ -109,8 +96,8 @@ func uncontended(ctx context.Context, e *env, d time.Duration) (map[string]figur
 	defer lrdb.Close()
 	locks := mutex.New(lrdb, mutex.Prefix(e.prefix))
 	fkey, lkey := e.prefix+"floor:uncontended", "uncontended"
-	floor := &latencySide{stats: e.stats, cmds: floorCommands, op: func(ctx context.Context) error {
-		ok, err := setNX(ctx, frdb, fkey, token())
+	floor := &latencySide{stats: e.stats, cmds: benchkit.FloorCommands, op: func(ctx context.Context) error {
+		ok, err := benchkit.SetNX(ctx, frdb, fkey, token(), lockTTL)
 		if err == nil && !ok {
 			err = fmt.Errorf("SET NX %s: not set", fkey)
 		}
@@ -119,7 +106,7 @@ func uncontended(ctx context.Context, e *env, d time.Duration) (map[string]figur
 		}
 		return frdb.Del(ctx, fkey).Err()
 	}}
-	lock := &latencySide{stats: e.stats, cmds: lockCommands, op: func(ctx context.Context) error {
+	lock := &latencySide{stats: e.stats, cmds: benchkit.LockCommands, op: func(ctx context.Context) error {
 		l, err := locks.TryLock(ctx, lkey, lockTTL)
 		if err != nil {
 			return err
@@ -143,11 +130,11 @@ type latencySide struct {
 
 	ops     int64
 	elapsed time.Duration
-	server  cmdStats
+	server  benchkit.CmdStats
 }
 
 func (s *latencySide) run(ctx context.Context, deadline time.Time) error {
-	before, err := commandStats(ctx, s.stats, s.cmds)
+	before, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
 	if err != nil {
 		return err
 	}
@@ -162,13 +149,13 @@ func (s *latencySide) run(ctx context.Context, deadline time.Time) error {
 	}
 	s.elapsed += time.Since(start)
 	s.ops += n
-	after, err := commandStats(ctx, s.stats, s.cmds)
+	after, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
 	if err != nil {
 		return err
 	}
-	d := after.sub(before)
-	s.server.calls += d.calls
-	s.server.usec += d.usec
+	d := after.Sub(before)
+	s.server.Calls += d.Calls
+	s.server.Usec += d.Usec
 	return nil
 }
 
@@ -176,8 +163,8 @@ func (s *latencySide) figures() map[string]float64 {
 	n := float64(s.ops)
 	return map[string]float64{
 		"latency":     float64(s.elapsed.Microseconds()) / n,
-		"commands":    float64(s.server.calls) / n,
-		"server time": float64(s.server.usec) / n,
+		"commands":    float64(s.server.Calls) / n,
+		"server time": float64(s.server.Usec) / n,
 	}
 }
 
@@ -203,10 +190,9 @@ func (s samples) figures() map[string]float64 {
 	if len(s) == 0 {
 		return map[string]float64{"median": nan(), "p99": nan(), "waiter attempts": nan()}
 	}
-	s = slices.Clone(s)
-	slices.Sort(s)
+	p50, p99 := benchkit.Percentiles(s)
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	return map[string]float64{"median": us(s[len(s)/2]), "p99": us(s[len(s)*99/100]), "waiter attempts": 1}
+	return map[string]float64{"median": us(p50), "p99": us(p99), "waiter attempts": 1}
 }
 
 // floorHandoff: the holder sends DEL and PUBLISH in one round trip; the waiter,
@@ -245,7 +231,7 @@ func newFloorHandoff(ctx context.Context, e *env) (*floorHandoff, error) {
 				return
 			}
 			wctx, cancel := context.WithTimeout(context.Background(), opBound)
-			ok, err := setNX(wctx, h.waiter, h.key, "waiter")
+			ok, err := benchkit.SetNX(wctx, h.waiter, h.key, "waiter", lockTTL)
 			cancel()
 			if err == nil && !ok {
 				err = errors.New("floor waiter: SET NX after the release: not set")
@@ -299,7 +285,7 @@ func (h *floorHandoff) close() {
 type lockHandoff struct {
 	rdbs    [2]*redis.Client
 	clients [2]*mutex.Client
-	hooks   [2]*attemptCounter
+	hooks   [2]*benchkit.AttemptCounter
 	stats   *redis.Client
 	prefix  string
 	key     string
@@ -319,7 +305,7 @@ func (h *lockHandoff) figures() map[string]float64 {
 func newLockHandoff(ctx context.Context, e *env) (*lockHandoff, error) {
 	h := &lockHandoff{stats: e.stats, prefix: e.prefix, key: "handoff", rkey: e.prefix + "{handoff}"}
 	for i := range h.clients {
-		h.hooks[i] = new(attemptCounter)
+		h.hooks[i] = new(benchkit.AttemptCounter)
 		h.rdbs[i] = e.redis(h.hooks[i])
 		h.clients[i] = mutex.New(h.rdbs[i], mutex.Prefix(e.prefix))
 	}
@@ -339,14 +325,14 @@ func (h *lockHandoff) run(ctx context.Context, deadline time.Time) error {
 	}
 	for time.Now().Before(deadline) {
 		w := 1 - h.turn // the waiter's Client; h.turn's holds the lock
-		before := h.hooks[w].attempts.Load()
+		before := h.hooks[w].Attempts.Load()
 		got := make(chan acquired, 1)
 		wctx, cancel := context.WithTimeout(ctx, opBound)
 		go func() {
 			l, err := h.clients[w].Lock(wctx, h.key, lockTTL)
 			got <- acquired{l, handed{time.Now(), err}}
 		}()
-		err := waitBlocked(ctx, h.hooks[w], before, h.stats, h.prefix, h.rkey)
+		err := benchkit.WaitBlocked(ctx, h.hooks[w], before, h.stats, h.prefix, h.rkey)
 		if err == nil {
 			t0 := time.Now()
 			err = h.held.Unlock(ctx)
@@ -356,7 +342,7 @@ func (h *lockHandoff) run(ctx context.Context, deadline time.Time) error {
 			}
 			if err == nil {
 				h.samples = append(h.samples, a.at.Sub(t0))
-				h.attempts += h.hooks[w].attempts.Load() - before
+				h.attempts += h.hooks[w].Attempts.Load() - before
 				h.held, h.turn = a.l, w
 			}
 		}
@@ -366,64 +352,6 @@ func (h *lockHandoff) run(ctx context.Context, deadline time.Time) error {
 		}
 	}
 	return nil
-}
-
-// waitBlocked returns once a waiter is blocked in Lock on the key whose Redis key is
-// rkey: its Client, which counts its attempts in c (before is the count before it
-// started), made at least one attempt; that attempt queued the waiter in rkey's wait
-// queue (a sorted set of "<client>.<waiter>"); the Client's wake-up channel,
-// <prefix>wake:<client>, is subscribed; and the Client has made no further attempt for
-// 2ms since. A waiter whose Client was subscribed when it joined blocks after one
-// failed attempt; one that joined before the confirmation makes one more attempt
-// after it, which the 2ms of quiet wait out. stats is a client of its own, so the
-// polling adds nothing to the waiter's pool.
-func waitBlocked(ctx context.Context, c *attemptCounter, before int64, stats *redis.Client, prefix, rkey string) error {
-	const quiet = 2 * time.Millisecond
-	deadline := time.Now().Add(5 * time.Second)
-	last, since := int64(-1), time.Time{} // attempts seen, and since when nothing changed
-	wasReady := false
-	for time.Now().Before(deadline) {
-		n := c.attempts.Load() - before
-		ready := false
-		if n >= 1 {
-			var err error
-			if ready, err = queuedAndSubscribed(ctx, stats, prefix, rkey); err != nil {
-				return err
-			}
-		}
-		if n != last || ready != wasReady {
-			last, wasReady, since = n, ready, time.Now()
-		}
-		if ready && time.Since(since) > quiet {
-			return nil
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
-	return fmt.Errorf("handoff: the waiter did not block within 5s (%d attempts)", c.attempts.Load()-before)
-}
-
-// queuedAndSubscribed reports whether rkey's wait queue holds a waiter whose Client's
-// wake-up channel has a subscriber.
-func queuedAndSubscribed(ctx context.Context, stats *redis.Client, prefix, rkey string) (bool, error) {
-	members, err := stats.ZRange(ctx, rkey+":wait", 0, -1).Result()
-	if err != nil || len(members) == 0 {
-		return false, err
-	}
-	channels := make([]string, 0, len(members))
-	for _, m := range members {
-		client, _, _ := strings.Cut(m, ".")
-		channels = append(channels, prefix+"wake:"+client)
-	}
-	subs, err := stats.PubSubNumSub(ctx, channels...).Result()
-	if err != nil {
-		return false, err
-	}
-	for _, ch := range channels {
-		if subs[ch] > 0 {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 func (h *lockHandoff) close() {
@@ -440,36 +368,19 @@ func (h *lockHandoff) close() {
 
 // contended: 8 goroutines take and release a key chosen at random among keys, using
 // clients Clients between them; the floor is a SET NX spin lock that sleeps
-// floorRetry after "not set".
+// benchkit.FloorRetry after "not set".
 func contended(ctx context.Context, e *env, d time.Duration, keys, clients int) (map[string]figure, error) {
 	const workers = 8
 	frdb := e.redis()
 	defer frdb.Close()
 	var floorFailed atomic.Int64
-	floor := &contendedSide{stats: e.stats, cmds: floorCommands, workers: workers, failed: &floorFailed,
+	floor := &contendedSide{stats: e.stats, cmds: benchkit.FloorCommands, workers: workers, failed: &floorFailed,
 		acquire: func(ctx context.Context, _ int) error {
-			key, tok := e.prefix+"floor:contended:"+strconv.Itoa(rand.N(keys)), token()
-			for {
-				ok, err := setNX(ctx, frdb, key, tok)
-				if err != nil {
-					return err
-				}
-				if ok {
-					break
-				}
-				floorFailed.Add(1)
-				t := time.NewTimer(floorRetry)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				}
-			}
-			return frdb.Del(ctx, key).Err()
+			key := e.prefix + "floor:contended:" + strconv.Itoa(rand.N(keys))
+			return benchkit.SpinLock(ctx, frdb, key, token(), lockTTL, &floorFailed)
 		}}
 
-	hook := new(attemptCounter)
+	hook := new(benchkit.AttemptCounter)
 	rdbs := make([]*redis.Client, clients)
 	cs := make([]*mutex.Client, clients)
 	for i := range cs {
@@ -482,7 +393,7 @@ func contended(ctx context.Context, e *env, d time.Duration, keys, clients int) 
 			rdb.Close()
 		}
 	}()
-	lock := &contendedSide{stats: e.stats, cmds: lockCommands, workers: workers, failed: &hook.failed,
+	lock := &contendedSide{stats: e.stats, cmds: benchkit.LockCommands, workers: workers, failed: &hook.Failed,
 		acquire: func(ctx context.Context, w int) error {
 			l, err := cs[w%clients].Lock(ctx, "contended:"+strconv.Itoa(rand.N(keys)), lockTTL)
 			if err != nil {
@@ -511,11 +422,11 @@ type contendedSide struct {
 	acqs    int64
 	fails   int64
 	elapsed time.Duration
-	server  cmdStats
+	server  benchkit.CmdStats
 }
 
 func (s *contendedSide) reset() {
-	s.acqs, s.fails, s.elapsed, s.server = 0, 0, 0, cmdStats{}
+	s.acqs, s.fails, s.elapsed, s.server = 0, 0, 0, benchkit.CmdStats{}
 }
 
 // run counts over the steady state only: the first tenth of the time, when the
@@ -524,34 +435,21 @@ func (s *contendedSide) reset() {
 func (s *contendedSide) run(ctx context.Context, deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
 	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		acqs  atomic.Int64
-		mu    sync.Mutex
-		first error // of every worker that failed
-	)
+	var acqs atomic.Int64
 	start := time.Now()
 	warm := start.Add(time.Until(deadline) / 10)
-	for w := range s.workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) {
-				if err := s.acquire(ctx, w); err != nil {
-					mu.Lock()
-					first = errors.Join(first, err)
-					mu.Unlock()
-					return
-				}
-				acqs.Add(1)
-			}
-		}()
-	}
+	wait := benchkit.StartWorkers(s.workers, func() bool { return time.Now().Before(deadline) }, func(w int) error {
+		err := s.acquire(ctx, w)
+		if err == nil {
+			acqs.Add(1)
+		}
+		return err
+	})
 	time.Sleep(time.Until(warm))
 	measured := time.Now()
-	before, err := commandStats(ctx, s.stats, s.cmds)
+	before, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
 	acqsBefore, failedBefore := acqs.Load(), s.failed.Load()
-	wg.Wait()
+	first := wait()
 	if err != nil {
 		return err
 	}
@@ -559,13 +457,13 @@ func (s *contendedSide) run(ctx context.Context, deadline time.Time) error {
 	if first != nil {
 		return first
 	}
-	after, err := commandStats(ctx, s.stats, s.cmds)
+	after, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
 	if err != nil {
 		return err
 	}
 	s.acqs += acqs.Load() - acqsBefore
 	s.fails += s.failed.Load() - failedBefore
-	s.server.calls += after.sub(before).calls
+	s.server.Calls += after.Sub(before).Calls
 	return nil
 }
 
@@ -573,7 +471,7 @@ func (s *contendedSide) figures() map[string]float64 {
 	n := float64(s.acqs)
 	return map[string]float64{
 		"throughput":      n / s.elapsed.Seconds(),
-		"commands":        float64(s.server.calls) / n,
+		"commands":        float64(s.server.Calls) / n,
 		"failed attempts": float64(s.fails) / n,
 	}
 }

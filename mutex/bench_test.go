@@ -2,10 +2,7 @@ package mutex
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/benchkit"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 )
 
@@ -34,9 +32,6 @@ const (
 	// benchBound bounds every benchmark round in time, so a lost wake-up or a dead
 	// server fails the benchmark instead of hanging it.
 	benchBound = 2 * time.Minute
-
-	// floorRetry is how long the floor's spin lock sleeps after "not set".
-	floorRetry = 500 * time.Microsecond
 )
 
 // benchRedis returns a client of the package's shared redis-server, skipping the
@@ -90,63 +85,6 @@ func benchKey(b *testing.B, i int) string {
 	return "bench:" + strings.ReplaceAll(b.Name(), "/", ":") + ":" + strconv.Itoa(i)
 }
 
-// clientCommands are the commands a mutex.Client sends itself. INFO commandstats also
-// counts the commands scripts run (SET, DEL, PUBLISH...), so those cannot be
-// attributed to the client; the lock never sends them directly.
-var clientCommands = []string{"evalsha", "eval", "script", "subscribe", "unsubscribe", "ping"}
-
-// floorCommands are the commands the raw SET NX/DEL floor sends.
-var floorCommands = []string{"set", "del"}
-
-// commandCalls sums the calls of cmds in the server's INFO commandstats.
-func commandCalls(ctx context.Context, rdb *redis.Client, cmds []string) (int64, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	var sum int64
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !slices.Contains(cmds, strings.TrimPrefix(name, "cmdstat_")) {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		n, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("commandstats line %q: %w", line, err)
-		}
-		sum += n
-	}
-	return sum, nil
-}
-
-// attemptCounter is a go-redis hook counting lock.lua runs and those that found the
-// key held by someone else.
-type attemptCounter struct{ attempts, failed atomic.Int64 }
-
-var _ redis.Hook = (*attemptCounter)(nil)
-
-func (h *attemptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *attemptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *attemptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		args := cmd.Args()
-		if len(args) < 2 || (args[1] != lockScript.Hash() && args[1] != lockLua) {
-			return err
-		}
-		h.attempts.Add(1)
-		if c, ok := cmd.(*redis.Cmd); ok {
-			if res, rerr := c.Int64Slice(); rerr == nil && len(res) == 2 && res[0] == 0 {
-				h.failed.Add(1)
-			}
-		}
-		return err
-	}
-}
-
 // BenchmarkFloorSetNXDel is the floor the lock is measured against: the two round
 // trips of the simplest Redis lock, SET key token NX PX 30000 and DEL key.
 func BenchmarkFloorSetNXDel(b *testing.B) {
@@ -155,8 +93,8 @@ func BenchmarkFloorSetNXDel(b *testing.B) {
 	key, tok := benchKey(b, 0), newToken()
 	b.ResetTimer()
 	for range b.N {
-		if err := rdb.Do(ctx, "set", key, tok, "nx", "px", benchTTL.Milliseconds()).Err(); err != nil {
-			b.Fatalf("SET NX: %v", err)
+		if ok, err := benchkit.SetNX(ctx, rdb, key, tok, benchTTL); err != nil || !ok {
+			b.Fatalf("SET NX: %v (set: %v)", err, ok)
 		}
 		if err := rdb.Del(ctx, key).Err(); err != nil {
 			b.Fatalf("DEL: %v", err)
@@ -191,7 +129,7 @@ func BenchmarkTryLockUnlock(b *testing.B) {
 // releases to the moment a waiter blocked on the key holds it, and reports its median
 // and 99th percentile (the goal: median below 1ms on loopback). Each handoff waits
 // first until the waiter is blocked: its attempt failed and queued it in the key's
-// wait queue, and its Client's wake-up channel is subscribed (see waitBlocked).
+// wait queue, and its Client's wake-up channel is subscribed (see benchkit.WaitBlocked).
 //
 // The floor is the least a wake-on-release lock can do: the holder sends DEL and
 // PUBLISH in one round trip, and the waiter, already subscribed, takes the key
@@ -228,8 +166,8 @@ func BenchmarkHandoff(b *testing.B) {
 				if err != nil || m.Payload == "stop" {
 					return
 				}
-				if err := waiterRdb.Do(ctx, "set", key, "waiter", "nx", "px", benchTTL.Milliseconds()).Err(); err != nil {
-					b.Errorf("waiter SET NX: %v", err)
+				if ok, err := benchkit.SetNX(ctx, waiterRdb, key, "waiter", benchTTL); err != nil || !ok {
+					b.Errorf("waiter SET NX: %v (set: %v)", err, ok)
 				}
 				got <- time.Now()
 			}
@@ -257,8 +195,9 @@ func BenchmarkHandoff(b *testing.B) {
 	})
 
 	b.Run("lock", func(b *testing.B) {
-		var hooks [2]attemptCounter
+		var hooks [2]benchkit.AttemptCounter
 		clients := [2]*Client{benchClient(b, &hooks[0]), benchClient(b, &hooks[1])}
+		stats := benchRedis(b) // polled while a waiter blocks: no traffic on its pool
 		ctx := benchCtx(b)
 		key := benchKey(b, 0)
 		held, err := clients[0].TryLock(ctx, key, benchTTL)
@@ -275,13 +214,14 @@ func BenchmarkHandoff(b *testing.B) {
 		for i := range b.N {
 			b.StopTimer()
 			w := (i + 1) % 2 // the waiter's client; the holder used the other one
-			before := hooks[w].attempts.Load()
+			before := hooks[w].Attempts.Load()
 			got := make(chan acquired, 1)
 			go func() {
 				l, err := clients[w].Lock(ctx, key, benchTTL)
 				got <- acquired{l, time.Now(), err}
 			}()
-			if err := waitBlocked(ctx, clients[w], &hooks[w], before, clients[w].redisKey(key)); err != nil {
+			c := clients[w]
+			if err := benchkit.WaitBlocked(ctx, &hooks[w], before, stats, c.prefix, c.redisKey(key)); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
@@ -302,46 +242,13 @@ func BenchmarkHandoff(b *testing.B) {
 	})
 }
 
-// waitBlocked returns once the waiter that Client c runs for rkey is blocked in Lock:
-// c made at least one attempt since before (h counts them), that attempt queued the
-// waiter in rkey's wait queue, c's subscription to its wake-up channel is confirmed,
-// and c has made no further attempt for 2ms since then. A waiter whose Client was
-// subscribed when it joined blocks after one failed attempt; one that joined before
-// the confirmation makes one more attempt after it, which the 2ms of quiet wait out.
-func waitBlocked(ctx context.Context, c *Client, h *attemptCounter, before int64, rkey string) error {
-	const quiet = 2 * time.Millisecond
-	deadline := time.Now().Add(5 * time.Second)
-	last, since := int64(-1), time.Time{} // attempts seen, and since when nothing changed
-	wasReady := false
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		n := h.attempts.Load() - before
-		c.hub.mu.Lock()
-		ready := c.hub.cur != nil && isClosed(c.hub.cur.ready)
-		c.hub.mu.Unlock()
-		if n != last || ready != wasReady {
-			last, wasReady, since = n, ready, time.Now()
-		}
-		if n >= 1 && ready && time.Since(since) > quiet {
-			queued, err := c.rdb.ZCard(ctx, rkey+waitSuffix).Result()
-			if err != nil {
-				return err
-			}
-			if queued >= 1 {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
-	return fmt.Errorf("the waiter did not block within 5s (%d attempts)", h.attempts.Load()-before)
-}
-
 func reportHandoff(b *testing.B, samples []time.Duration) {
 	if len(samples) == 0 {
 		return
 	}
-	slices.Sort(samples)
-	b.ReportMetric(float64(samples[len(samples)/2]), "ns/handoff-p50")
-	b.ReportMetric(float64(samples[(len(samples)*99)/100]), "ns/handoff-p99")
+	p50, p99 := benchkit.Percentiles(samples)
+	b.ReportMetric(float64(p50), "ns/handoff-p50")
+	b.ReportMetric(float64(p99), "ns/handoff-p99")
 	b.ReportMetric(0, "ns/op") // the loop also waits for the waiter to block
 }
 
@@ -366,31 +273,13 @@ func benchContended(b *testing.B, keys int) {
 		rdb := benchRedis(b)
 		ctx := benchCtx(b)
 		var failed atomic.Int64
-		runContended(b, ctx, rdb, floorCommands, workers, func(i int) error {
-			key, tok := benchKey(b, rand.N(keys)), newToken()
-			for {
-				err := rdb.Do(ctx, "set", key, tok, "nx", "px", benchTTL.Milliseconds()).Err()
-				if err == nil {
-					break
-				}
-				if !errors.Is(err, redis.Nil) {
-					return err
-				}
-				failed.Add(1)
-				t := time.NewTimer(floorRetry)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				}
-			}
-			return rdb.Del(ctx, key).Err()
+		runContended(b, ctx, rdb, benchkit.FloorCommands, workers, func(i int) error {
+			return benchkit.SpinLock(ctx, rdb, benchKey(b, rand.N(keys)), newToken(), benchTTL, &failed)
 		})
 		b.ReportMetric(float64(failed.Load())/float64(b.N), "fails/acq")
 	})
 	lock := func(b *testing.B, clients int) {
-		hook := new(attemptCounter)
+		hook := new(benchkit.AttemptCounter)
 		cs := make([]*Client, clients)
 		for i := range cs {
 			cs[i] = benchClient(b, hook)
@@ -401,16 +290,16 @@ func benchContended(b *testing.B, keys int) {
 			b.Fatal(err)
 		}
 		_ = l.Unlock(ctx)
-		hook.attempts.Store(0)
-		hook.failed.Store(0)
-		runContended(b, ctx, benchRedis(b), clientCommands, workers, func(i int) error {
+		hook.Attempts.Store(0)
+		hook.Failed.Store(0)
+		runContended(b, ctx, benchRedis(b), benchkit.LockCommands, workers, func(i int) error {
 			l, err := cs[i%clients].Lock(ctx, benchKey(b, rand.N(keys)), benchTTL)
 			if err != nil {
 				return err
 			}
 			return l.Unlock(ctx)
 		})
-		b.ReportMetric(float64(hook.failed.Load())/float64(b.N), "fails/acq")
+		b.ReportMetric(float64(hook.Failed.Load())/float64(b.N), "fails/acq")
 	}
 	b.Run("lock", func(b *testing.B) { lock(b, 1) })
 	if keys == 1 {
@@ -421,38 +310,22 @@ func benchContended(b *testing.B, keys int) {
 // runContended runs b.N calls of acquire over workers goroutines and reports
 // acquisitions per second and the calls of cmds per acquisition.
 func runContended(b *testing.B, ctx context.Context, stats *redis.Client, cmds []string, workers int, acquire func(worker int) error) {
-	before, err := commandCalls(ctx, stats, cmds)
+	before, err := benchkit.CommandStats(ctx, stats, cmds)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		first   error
-	)
+	var next atomic.Int64
 	b.ResetTimer()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(b.N) && ctx.Err() == nil {
-				if err := acquire(w); err != nil {
-					errOnce.Do(func() { first = err })
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	wait := benchkit.StartWorkers(workers, func() bool { return next.Add(1) <= int64(b.N) && ctx.Err() == nil }, acquire)
+	err = wait()
 	b.StopTimer()
-	if first != nil {
-		b.Fatal(first)
+	if err != nil {
+		b.Fatal(err)
 	}
-	after, err := commandCalls(ctx, stats, cmds)
+	after, err := benchkit.CommandStats(ctx, stats, cmds)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acq/s")
-	b.ReportMetric(float64(after-before)/float64(b.N), "cmds/acq")
+	b.ReportMetric(float64(after.Calls-before.Calls)/float64(b.N), "cmds/acq")
 }

@@ -1,0 +1,318 @@
+package integration
+
+// Helpers of TestAsynqEndToEndWithKill: the worker process (this test binary
+// re-executed with e2eWorkerEnv set), the referee scripts its handler runs, and the
+// parent's handle on a worker process.
+//
+// The referee is a redis-server of its own that no fault touches. Its keys:
+//
+//	occ:<key>       handlers inside the critical section of <key> now
+//	overlaps        entries that found occ:<key> already taken (must stay 0)
+//	stale           sections whose fence was not above the key's last one (must stay 0)
+//	checklog        one line per overlap or stale fence, for the failure message
+//	fence:<key>     the last fence seen in a section of <key>
+//	active          handlers inside a section now, any key; maxactive: the most ever
+//	inside:<pid>    hash n -> key: the sections process <pid> is in now
+//	flight:<pid>    hash n -> task ID: tasks inside process <pid>'s handler chain now
+//	                (waiting for the lock included)
+//	done            set of task numbers whose section completed; runs:<n>: how many times
+//	doneby:<pid>    list of the task numbers process <pid> completed
+//	dead            set of pids declared dead; their later commands are ignored and
+//	                counted in ignored
+//	lockederrs      *asynqmutex.LockedError values the ErrorHandlers saw
+//	othererrs       any other error they saw (must stay 0); errlog: their text
+//	ready           list of pids whose asynq.Server started
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// e2eWorkerEnv, set to a JSON e2eWorkerSpec, turns TestAsynqE2EWorker into a worker
+// process of TestAsynqEndToEndWithKill.
+const e2eWorkerEnv = "ASYNQMUTEX_INTEGRATION_E2E_WORKER"
+
+const (
+	e2eTaskType       = "e2e:txn"
+	e2eConcurrency    = 10
+	e2eTTL            = 5 * time.Second // lock lease; renewed every TTL/3
+	e2eMaxWait        = 2 * time.Second // then the default policy, RetryLater(5s)
+	e2eWorkerLifetime = 4 * time.Minute // a worker the parent lost track of still exits
+	e2eRefTimeout     = 10 * time.Second
+)
+
+type e2eWorkerSpec struct {
+	Asynq   string `json:"asynq"`   // asynq and lock redis-server
+	Referee string `json:"referee"` // referee redis-server
+}
+
+type e2ePayload struct {
+	Key string `json:"key"`
+	N   int    `json:"n"`
+}
+
+func e2eTaskID(n int) string { return fmt.Sprintf("e2e-%04d", n) }
+
+// e2eEnterScript enters the checked section of a key: occupancy, the fence check and
+// the global concurrency count, and notes the section under the process's pid so the
+// parent can undo it if the process is killed inside it.
+//
+// KEYS: occ:<k>, inside:<pid>, active, maxactive, overlaps, checklog, dead, fence:<k>,
+// stale, ignored. ARGV: n, k, pid, fence. Returns the occupancy it found (1 = alone),
+// or -1 when pid was declared dead (nothing is recorded then).
+var e2eEnterScript = redis.NewScript(`
+if redis.call('SISMEMBER', KEYS[7], ARGV[3]) == 1 then
+  redis.call('INCR', KEYS[10])
+  return -1
+end
+local o = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local a = redis.call('INCR', KEYS[3])
+if a > tonumber(redis.call('GET', KEYS[4]) or '0') then
+  redis.call('SET', KEYS[4], a)
+end
+if o ~= 1 then
+  redis.call('INCR', KEYS[5])
+  redis.call('RPUSH', KEYS[6], 'overlap: task ' .. ARGV[1] .. ' (pid ' .. ARGV[3] .. ') entered ' .. ARGV[2] .. ' at occupancy ' .. o)
+end
+local f = tonumber(ARGV[4])
+local lf = tonumber(redis.call('GET', KEYS[8]) or '0')
+if f <= lf then
+  redis.call('INCR', KEYS[9])
+  redis.call('RPUSH', KEYS[6], 'stale fence: task ' .. ARGV[1] .. ' (pid ' .. ARGV[3] .. ') on ' .. ARGV[2] .. ' fence ' .. ARGV[4] .. ' <= last ' .. lf)
+else
+  redis.call('SET', KEYS[8], ARGV[4])
+end
+return o
+`)
+
+// e2eExitScript records the task as done and leaves the section, in one step.
+//
+// KEYS: occ:<k>, inside:<pid>, active, done, runs:<n>, doneby:<pid>, dead, ignored.
+// ARGV: n, pid. Returns 1, or -1 when pid was declared dead.
+var e2eExitScript = redis.NewScript(`
+if redis.call('SISMEMBER', KEYS[7], ARGV[2]) == 1 then
+  redis.call('INCR', KEYS[8])
+  return -1
+end
+redis.call('SADD', KEYS[4], ARGV[1])
+redis.call('INCR', KEYS[5])
+redis.call('RPUSH', KEYS[6], ARGV[1])
+redis.call('DECR', KEYS[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('DECR', KEYS[3])
+return 1
+`)
+
+// e2eRepairScript declares pid dead and takes back the occupancy its handlers left in
+// their sections when it was killed. It returns the hash inside:<pid> it undid, as a
+// flat list n1, key1, n2, key2, ...
+//
+// KEYS: inside:<pid>, dead, active. ARGV: pid.
+var e2eRepairScript = redis.NewScript(`
+redis.call('SADD', KEYS[2], ARGV[1])
+local h = redis.call('HGETALL', KEYS[1])
+for i = 1, #h, 2 do
+  redis.call('DECR', 'occ:' .. h[i + 1])
+  redis.call('DECR', KEYS[3])
+end
+redis.call('DEL', KEYS[1])
+return h
+`)
+
+// TestAsynqE2EWorker is not a test: run with e2eWorkerEnv set, it is a worker process
+// of TestAsynqEndToEndWithKill. It runs an asynq.Server (Concurrency 10, Configure,
+// the middleware On("key") with MaxWait and the default RetryLater policy) until its
+// stdin closes, then shuts down cleanly.
+func TestAsynqE2EWorker(t *testing.T) {
+	raw := os.Getenv(e2eWorkerEnv)
+	if raw == "" {
+		return
+	}
+	var spec e2eWorkerSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		t.Fatalf("worker: bad %s %q: %v", e2eWorkerEnv, raw, err)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	ref := redis.NewClient(&redis.Options{Addr: spec.Referee})
+	defer ref.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: spec.Asynq})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
+	refCtx := func(ctx context.Context) (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), e2eRefTimeout)
+	}
+	section := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		var p e2ePayload
+		if err := json.Unmarshal(task.Payload(), &p); err != nil {
+			return fmt.Errorf("worker: bad payload %q: %w", task.Payload(), err)
+		}
+		fence, ok := asynqmutex.Fence(ctx)
+		if !ok {
+			return errors.New("worker: handler runs without a lock")
+		}
+		rctx, cancel := refCtx(ctx)
+		defer cancel()
+		n := strconv.Itoa(p.N)
+		if err := e2eEnterScript.Run(rctx, ref,
+			[]string{"occ:" + p.Key, "inside:" + pid, "active", "maxactive", "overlaps", "checklog", "dead", "fence:" + p.Key, "stale", "ignored"},
+			n, p.Key, pid, fence).Err(); err != nil {
+			return fmt.Errorf("worker: referee enter: %w", err)
+		}
+		time.Sleep(time.Duration(2+rand.IntN(5)) * time.Millisecond)
+		if err := e2eExitScript.Run(rctx, ref,
+			[]string{"occ:" + p.Key, "inside:" + pid, "active", "done", "runs:" + n, "doneby:" + pid, "dead", "ignored"},
+			n, pid).Err(); err != nil {
+			return fmt.Errorf("worker: referee exit: %w", err)
+		}
+		return nil
+	})
+	locked := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.MaxWait(e2eMaxWait), asynqmutex.TTL(e2eTTL))(section)
+	// flight:<pid> lists the tasks inside the handler chain, lock wait included.
+	h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		var p e2ePayload
+		_ = json.Unmarshal(task.Payload(), &p)
+		id, _ := asynq.GetTaskID(ctx)
+		rctx, cancel := refCtx(ctx)
+		defer cancel()
+		ref.HSet(rctx, "flight:"+pid, p.N, id)
+		defer ref.HDel(rctx, "flight:"+pid, strconv.Itoa(p.N))
+		return locked.ProcessTask(ctx, task)
+	})
+
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: spec.Asynq}, asynqmutex.Configure(asynq.Config{
+		Concurrency:              e2eConcurrency,
+		TaskCheckInterval:        taskCheck,
+		DelayedTaskCheckInterval: delayedCheck,
+		ShutdownTimeout:          5 * time.Second,
+		BaseContext:              func() context.Context { return base },
+		Logger:                   quietLogger{},
+		LogLevel:                 asynq.WarnLevel,
+		// Only asynq's recoverer fails a task here (ErrLeaseExpired, for the tasks of a
+		// killed worker); asynq's default delay for that is 15-45s, one second keeps
+		// the test short. LockedError delays still come from Configure's RetryDelay.
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second },
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
+			rctx, cancel := refCtx(ctx)
+			defer cancel()
+			var le *asynqmutex.LockedError
+			if errors.As(err, &le) {
+				ref.Incr(rctx, "lockederrs")
+				return
+			}
+			ref.Incr(rctx, "othererrs")
+			ref.RPush(rctx, "errlog", fmt.Sprintf("pid %s task %s: %v", pid, task.Payload(), err))
+		}),
+	}))
+	if err := srv.Start(h); err != nil {
+		t.Fatalf("worker: Start: %v", err)
+	}
+	if err := ref.RPush(context.Background(), "ready", pid).Err(); err != nil {
+		t.Errorf("worker: announcing readiness: %v", err)
+	}
+
+	stdinClosed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stdinClosed)
+	}()
+	select {
+	case <-stdinClosed:
+	case <-time.After(e2eWorkerLifetime):
+		t.Errorf("worker: not stopped within %v", e2eWorkerLifetime)
+	}
+	cancelBase()
+	srv.Shutdown()
+}
+
+// e2eProc is the parent's handle on one worker process.
+type e2eProc struct {
+	name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *syncBuffer
+	done  chan struct{} // closed when the process has been reaped
+	err   error         // its exit status, once done is closed
+	once  sync.Once
+}
+
+func startE2EWorker(t testing.TB, name string, spec e2eWorkerSpec) *e2eProc {
+	t.Helper()
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &e2eProc{name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(os.Args[0], "-test.run=^TestAsynqE2EWorker$", "-test.count=1", "-test.v")
+	p.cmd.Env = append(os.Environ(), e2eWorkerEnv+"="+string(raw))
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		t.Fatalf("%s: stdin pipe: %v", name, err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+func (p *e2eProc) pid() int { return p.cmd.Process.Pid }
+
+func (p *e2eProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill sends SIGKILL and waits until the process has been reaped.
+func (p *e2eProc) kill(t testing.TB) {
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatalf("SIGKILL %s: %v", p.name, err)
+	}
+	<-p.done
+}
+
+// stop closes the worker's stdin, which shuts its server down, and waits for it to
+// exit; it reports the exit status (the worker's -race and goleak checks included).
+func (p *e2eProc) stop(timeout time.Duration) error {
+	p.once.Do(func() { _ = p.stdin.Close() })
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("did not exit within %v of its stdin closing; killed", timeout)
+	}
+}

@@ -3,17 +3,18 @@ module github.com/asynqmutex/asynqmutex
 go 1.24.0
 
 require (
+	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/hibiken/asynq v0.26.0
 	github.com/redis/go-redis/v9 v9.14.1
+	github.com/rs/zerolog v1.28.0
 	github.com/stretchr/testify v1.10.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.37.0
 )
 
 require (
-	github.com/Shopify/toxiproxy/v2 v2.5.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
@@ -31,7 +32,6 @@ require (
 	github.com/prometheus/procfs v0.8.0 // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	github.com/rs/xid v1.4.0 // indirect
-	github.com/rs/zerolog v1.28.0 // indirect
 	github.com/spf13/cast v1.10.0 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	golang.org/x/time v0.14.0 // indirect

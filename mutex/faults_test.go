@@ -118,3 +118,35 @@ func TestLostReplyRetriedThroughProxy(t *testing.T) {
 	}
 	assert.Equal(t, "tok", rdb.Get(ctx, key+":naive").Val(), "control: the naive write landed")
 }
+
+func TestLostReleaseReplyIsNotALostLease(t *testing.T) {
+	// Redis applies the release, the reply is lost, go-redis sends it again on a new
+	// connection: the repeat must be recognised, not reported as ErrNotHeld.
+	rdb := sharedServer(t)
+	p := redistest.NewProxy(t, rdb.Options().Addr)
+	via := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
+	t.Cleanup(func() { via.Close() })
+	c := New(via)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	warm, err := c.TryLock(ctx, key+":warm", time.Minute) // loads both scripts
+	require.NoError(t, err)
+	require.NoError(t, warm.Unlock(ctx))
+
+	l, err := c.TryLock(ctx, key, time.Minute)
+	require.NoError(t, err)
+	p.DropReplies(1)
+	require.NoError(t, l.Unlock(ctx), "the repeated release finds its own tombstone")
+	assert.Equal(t, 1, p.Dropped(), "a reply was dropped")
+	locked, err := c.Locked(ctx, key)
+	require.NoError(t, err)
+	assert.False(t, locked)
+
+	err = c.WithLock(ctx, key, time.Minute, func(context.Context) error {
+		p.DropReplies(1) // the release's reply, after fn returns
+		return nil
+	})
+	require.NoError(t, err, "WithLock must not report a lost lease")
+	assert.Equal(t, 2, p.Dropped())
+}

@@ -1,7 +1,8 @@
 -- lock.lua: take the lock if it is free, or confirm that it is already ours; when it
 -- is not, queue the caller as a waiter to be woken by the release.
 --
--- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>", expires after the lease
+-- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>", expires after the lease;
+--                                   "-:<token>" for a while after a release (see release.lua)
 -- KEYS[2] -> <prefix>{<key>}:fence  the fencing counter
 -- KEYS[3] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by time first queued (ms)
 -- KEYS[4] -> <prefix>{<key>}:claim  waiters: hash of "<client>.<waiter>" to claim deadline (ms)
@@ -26,7 +27,7 @@
 -- until a little after the holder's lease would end, when the waiter tries again by
 -- itself and renews the claim; a release skips waiters whose claim lapsed.
 local v = redis.call('GET', KEYS[1])
-if v then
+if v and string.byte(v, 1) ~= 45 then -- "-:<token>" is a released lock's tombstone: free
   local i = string.find(v, ':', 1, true)
   if i and string.sub(v, i + 1) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])

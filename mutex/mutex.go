@@ -64,6 +64,10 @@ const (
 	// (a payment ID) and fences increasing.
 	fenceRetention = 24 * time.Hour
 
+	// tombstone is how long a released lock's key keeps "-:<token>", so that a release
+	// repeated after a lost reply is recognised: longer than go-redis's retries last.
+	tombstone = 10 * time.Second
+
 	maxKeyLen  = 256 // longer encoded keys are digested
 	keepOfLong = 64  // bytes of a digested key kept readable
 )
@@ -252,7 +256,9 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 // Unlock releases the lock and wakes the waiter, of any Client, queued longest. It
 // returns an error wrapping ErrNotHeld when the lease had expired or another token
 // holds the key (then nothing changes), and a wrapped Redis error when Redis cannot
-// be reached (then the key frees itself when the lease runs out). Unlock on a nil *Lock
+// be reached (then the key frees itself when the lease runs out). Repeating an Unlock
+// that succeeded returns nil for 10s: that is how a release whose reply was lost, and
+// which go-redis sent again, is told apart from a lost lease. Unlock on a nil *Lock
 // returns ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if l == nil {
@@ -390,7 +396,7 @@ func (c *Client) abandon(ctx context.Context, a *acquisition) {
 // wake-up on to the next waiter if the lock is free.
 func (c *Client) release(ctx context.Context, rkey, token string) (int64, error) {
 	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix, rkey + claimSuffix},
-		token, c.prefix+channelInfix, c.countsSubscribers).Int64()
+		token, c.prefix+channelInfix, c.countsSubscribers, tombstone.Milliseconds()).Int64()
 }
 
 func (c *Client) redisKey(key string) string {

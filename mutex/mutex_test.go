@@ -157,7 +157,10 @@ func TestStaleHolderChangesNothing(t *testing.T) {
 		locked, err = c.Locked(ctx, key)
 		require.NoError(t, err)
 		assert.False(t, locked)
-		assert.ErrorIs(t, fresh.Unlock(ctx), ErrNotHeld, "second Unlock")
+		assert.NoError(t, fresh.Unlock(ctx), "a repeated Unlock is idempotent")
+		_, err = c.TryLock(ctx, key, time.Minute)
+		assert.NoError(t, err, "a released lock's tombstone is free")
+		assert.ErrorIs(t, fresh.Unlock(ctx), ErrNotHeld, "the holder after it is not touched")
 	})
 }
 

@@ -397,6 +397,10 @@ type Attempt struct {
 
 	Section *SectionResult `json:",omitempty"`
 	Writes  []WriteResult  `json:",omitempty"` // fenced writes outside Section
+
+	// Returned is the error WithLock returned, for errors.Is in the process that made
+	// the call (Err is its text); it is not part of a worker's report.
+	Returned error `json:"-"`
 }
 
 // WriteResult is one fenced write a mode made itself.
@@ -478,6 +482,7 @@ func (r *Recorder) WithLock(ctx context.Context, c *mutex.Client, key string, tt
 	if err != nil {
 		a.Err = err.Error()
 	}
+	a.Returned = err
 	switch {
 	case err == nil:
 		a.Kind = KindOK

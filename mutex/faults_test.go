@@ -86,17 +86,9 @@ func TestLostReplyRetriedThroughProxy(t *testing.T) {
 	// A real reply lost on the wire: the proxy forwards the script, drops Redis's
 	// answer and resets the connection; go-redis retries on a new connection. The
 	// retry must find our own token and succeed, not report "not obtained".
-	rdb := sharedServer(t)
-	p := redistest.NewProxy(t, rdb.Options().Addr)
-	via := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
-	t.Cleanup(func() { via.Close() })
-	c := New(via)
+	rdb, p, via, c := throughProxy(t)
 	ctx := context.Background()
 	key := uniqueKey(t)
-
-	warm, err := c.TryLock(ctx, key+":warm", time.Minute) // loads the script: the next reply is the answer
-	require.NoError(t, err)
-	require.NoError(t, warm.Unlock(ctx))
 
 	p.DropReplies(1)
 	l, err := c.TryLock(ctx, key, time.Minute)
@@ -122,17 +114,9 @@ func TestLostReplyRetriedThroughProxy(t *testing.T) {
 func TestLostReleaseReplyIsNotALostLease(t *testing.T) {
 	// Redis applies the release, the reply is lost, go-redis sends it again on a new
 	// connection: the repeat must be recognised, not reported as ErrNotHeld.
-	rdb := sharedServer(t)
-	p := redistest.NewProxy(t, rdb.Options().Addr)
-	via := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
-	t.Cleanup(func() { via.Close() })
-	c := New(via)
+	_, p, _, c := throughProxy(t)
 	ctx := context.Background()
 	key := uniqueKey(t)
-
-	warm, err := c.TryLock(ctx, key+":warm", time.Minute) // loads both scripts
-	require.NoError(t, err)
-	require.NoError(t, warm.Unlock(ctx))
 
 	l, err := c.TryLock(ctx, key, time.Minute)
 	require.NoError(t, err)
@@ -149,4 +133,20 @@ func TestLostReleaseReplyIsNotALostLease(t *testing.T) {
 	})
 	require.NoError(t, err, "WithLock must not report a lost lease")
 	assert.Equal(t, 2, p.Dropped())
+}
+
+// throughProxy is a Client on the shared server through a fault proxy, with its
+// scripts loaded, so that the next reply the proxy drops is a script's answer. It
+// also returns a direct admin client and the proxied redis client.
+func throughProxy(t *testing.T) (*redis.Client, *redistest.Proxy, *redis.Client, *Client) {
+	rdb := sharedServer(t)
+	p := redistest.NewProxy(t, rdb.Options().Addr)
+	via := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
+	t.Cleanup(func() { via.Close() })
+	c := New(via)
+	ctx := context.Background()
+	warm, err := c.TryLock(ctx, uniqueKey(t)+":warm", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, warm.Unlock(ctx))
+	return rdb, p, via, c
 }

@@ -134,14 +134,7 @@ func TestHubClosesWhenIdle(t *testing.T) {
 		key := uniqueKey(t)
 		holder, err := c.TryLock(ctx, key, time.Hour)
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() {
-			l, err := c.Lock(ctx, key, time.Minute)
-			if err == nil {
-				err = l.Unlock(ctx)
-			}
-			done <- err
-		}()
+		done := lockThenUnlock(c, key)
 		waitForWaiters(t, b, c, key, 1)
 		require.NoError(t, holder.Unlock(ctx))
 		require.NoError(t, <-done)
@@ -166,30 +159,16 @@ func TestCloseWhileWaiting(t *testing.T) {
 		key := uniqueKey(t)
 		holder, err := c.TryLock(ctx, key, time.Hour)
 		require.NoError(t, err)
-		got := make(chan error, 1)
-		go func() {
-			l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
-			if err == nil {
-				err = l.Unlock(ctx)
-			}
-			got <- err
-		}()
+		got := lockThenUnlock(c, key)
 		waitForWaiters(t, b, c, key, 1)
 		require.NoError(t, c.Close())
 		require.NoError(t, c.Close(), "Close is idempotent")
 
 		// A later waiter reopens the subscription for both keys' waiters.
-		second := make(chan error, 1)
-		go func() {
-			l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
-			if err == nil {
-				err = l.Unlock(ctx)
-			}
-			second <- err
-		}()
+		second := lockThenUnlock(c, key)
 		waitForWaiters(t, b, c, key, 2)
 		require.NoError(t, holder.Unlock(ctx))
-		for _, ch := range []chan error{got, second} {
+		for _, ch := range []<-chan error{got, second} {
 			select {
 			case err := <-ch:
 				require.NoError(t, err)
@@ -209,14 +188,7 @@ func TestReleaseSkipsWaiterNobodyHears(t *testing.T) {
 		rkey := c.redisKey(key)
 		holder, err := c.TryLock(ctx, key, time.Hour)
 		require.NoError(t, err)
-		got := make(chan error, 1)
-		go func() {
-			l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
-			if err == nil {
-				err = l.Unlock(ctx)
-			}
-			got <- err
-		}()
+		got := lockThenUnlock(c, key)
 		waitForWaiters(t, b, c, key, 1)
 		// A waiter of a Client that died: first in line, with a live claim, and no one
 		// subscribed to its channel.
@@ -234,4 +206,19 @@ func TestReleaseSkipsWaiterNobodyHears(t *testing.T) {
 			t.Fatal("the dead waiter swallowed the release")
 		}
 	})
+}
+
+// lockThenUnlock waits for key in the background (up to a minute), releases it at
+// once, and reports the outcome.
+func lockThenUnlock(c *Client, key string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		ctx := context.Background()
+		l, err := c.Lock(ctx, key, time.Minute, MaxWait(time.Minute))
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		got <- err
+	}()
+	return got
 }

@@ -49,14 +49,11 @@ func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) {
 	return string(b), nil
 }
 
-// validateFields panics if a field name given to fn (the name of the exported
-// function, such as "On") cannot name a payload field: an empty name, or a
+// validateFields panics if a field name given to fn (the exported function's full
+// name, "asynqmutex.On") cannot name a payload field: an empty name, or a
 // dotted path with an empty segment such as "a..b", ".a" or "a.". It is
 // programmer error, caught when the middleware is built.
 func validateFields(fn string, fields []string) {
-	if !strings.HasPrefix(fn, "asynqmutex.") {
-		fn = "asynqmutex." + fn
-	}
 	for _, f := range fields {
 		if f == "" {
 			panic(fn + ": empty field name")

@@ -276,14 +276,14 @@ func TestValidateFields(t *testing.T) {
 		fields []string
 		want   string // the panic; "" for none
 	}{
-		{"On", []string{"a", "customer.id", " ", "a b.c-d"}, ""},
-		{"On", nil, ""},
-		{"On", []string{""}, "asynqmutex.On: empty field name"},
+		{"asynqmutex.On", []string{"a", "customer.id", " ", "a b.c-d"}, ""},
+		{"asynqmutex.On", nil, ""},
+		{"asynqmutex.On", []string{""}, "asynqmutex.On: empty field name"},
 		{"asynqmutex.On", []string{"a", ""}, "asynqmutex.On: empty field name"},
-		{"On", []string{"a..b"}, `asynqmutex.On: field "a..b" has an empty path segment`},
-		{"On", []string{".a"}, `asynqmutex.On: field ".a" has an empty path segment`},
-		{"Other", []string{"a."}, `asynqmutex.Other: field "a." has an empty path segment`},
-		{"On", []string{"."}, `asynqmutex.On: field "." has an empty path segment`},
+		{"asynqmutex.On", []string{"a..b"}, `asynqmutex.On: field "a..b" has an empty path segment`},
+		{"asynqmutex.On", []string{".a"}, `asynqmutex.On: field ".a" has an empty path segment`},
+		{"asynqmutex.Other", []string{"a."}, `asynqmutex.Other: field "a." has an empty path segment`},
+		{"asynqmutex.On", []string{"."}, `asynqmutex.On: field "." has an empty path segment`},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.fn, tt.fields), func(t *testing.T) {
@@ -460,7 +460,7 @@ func FuzzFieldsKeyNoPanic(f *testing.F) {
 				t.Fatalf("panic: %v", r)
 			}
 		}()
-		validateFields("On", []string{field})
+		validateFields("asynqmutex.On", []string{field})
 		fields := []string{field}
 		k, err := keyOf("t", payload, fields...)
 		k2, err2 := keyOf("t", payload, fields...)

@@ -268,9 +268,6 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %q: %w", l.key, err)
 	}
-	l.mu.Lock()
-	l.until = time.Time{}
-	l.mu.Unlock()
 	if n == 0 {
 		return fmt.Errorf("mutex: unlock %q: %w", l.key, ErrNotHeld)
 	}
@@ -278,7 +275,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 }
 
 // validUntil is when the lease ends on our own clock, allowing for drift between
-// our clock and Redis's. The zero time means released.
+// our clock and Redis's.
 func (l *Lock) validUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -54,7 +54,7 @@ func startSharedServer() (*redistest.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := redistest.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -97,15 +97,6 @@ func tlsClient(t *testing.T) *redis.Client {
 	})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // writeCerts writes a CA and a server certificate for 127.0.0.1 into dir.

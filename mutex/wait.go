@@ -20,11 +20,11 @@ import (
 //
 // A waiter does not poll. A failed attempt queues it in Redis, in the same script, and
 // a release wakes the longest-queued waiter of any Client through that Client's
-// subscription connection: one release, one waiter woken (in Redis Cluster, where a
+// subscription connection: one release, one waiter woken. (In Redis Cluster, where a
 // release cannot tell whether a wake-up was received, a waiter whose Client died can
-// swallow one, and the next waiter then comes back when the lease would have ended). When nothing wakes it (the
-// holder crashed), a waiter tries again when the holder's remaining lease runs out,
-// plus a little random jitter. ttl is rounded down to whole milliseconds and must be
+// swallow one; the next waiter then comes back when the lease would have ended.) When
+// nothing wakes it (the holder crashed), a waiter tries again when the holder's
+// remaining lease runs out, plus a little random jitter. ttl is rounded down to whole milliseconds and must be
 // at least 1ms; key must not be empty.
 func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
 	a, err := c.newAcquisition(key, ttl, opts)
@@ -45,7 +45,7 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 	start := time.Now()
 	// Join before the first attempt: a release may wake us as soon as that attempt
 	// has queued us, before it even returns.
-	w, subscribed := c.hub.join(a.rkey)
+	w, confirmed := c.hub.join(a.rkey)
 	acquired := false
 	defer func() { c.hub.leave(ctx, w, acquired) }()
 
@@ -56,7 +56,7 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 	}
 	// A release published before our Client's subscription is confirmed is lost: in
 	// that case try once more when it is confirmed.
-	ready := c.hub.ensure(subscribed)
+	ready := c.hub.ensure(confirmed)
 	var deadline <-chan time.Time
 	if a.maxWait > 0 {
 		t := time.NewTimer(a.maxWait - time.Since(start))
@@ -142,7 +142,7 @@ func newHub(c *Client) *hub {
 
 // join registers a waiter for rkey and reports whether the subscription was
 // confirmed at that moment (see ensure).
-func (h *hub) join(rkey string) (*waiter, chan struct{}) {
+func (h *hub) join(rkey string) (*waiter, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.idle != nil {
@@ -153,22 +153,19 @@ func (h *hub) join(rkey string) (*waiter, chan struct{}) {
 	id := strconv.FormatUint(h.seq, 36)
 	w := &waiter{id: id, rkey: rkey, member: h.id + "." + id, wake: make(chan struct{}, 1)}
 	h.waiters[id] = w
-	if h.cur != nil && isClosed(h.cur.ready) {
-		return w, nil
-	}
-	return w, make(chan struct{}) // not confirmed: ensure returns a channel to wait on
+	return w, h.cur != nil && isClosed(h.cur.ready)
 }
 
 // ensure opens the subscription if needed. If it was not confirmed when the waiter
-// joined (subscribed is non-nil), it returns a channel closed on confirmation;
-// otherwise nil, since the confirmed subscription saw every wake-up since.
-func (h *hub) ensure(subscribed chan struct{}) <-chan struct{} {
+// joined, it returns a channel closed on confirmation; otherwise nil, since the
+// confirmed subscription saw every wake-up since.
+func (h *hub) ensure(confirmed bool) <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.cur == nil {
 		h.cur = h.start()
 	}
-	if subscribed == nil {
+	if confirmed {
 		return nil
 	}
 	return h.cur.ready

@@ -168,7 +168,7 @@ func start(bin, dir string, removeOK bool, args []string) (*Server, error) {
 	}
 	var lastErr error
 	for range bindAttempts {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -179,7 +179,7 @@ func start(bin, dir string, removeOK bool, args []string) (*Server, error) {
 			return s, nil
 		}
 		lastErr = err
-		// Another process may have taken the port between freePort closing
+		// Another process may have taken the port between FreePort closing
 		// its listener and redis binding; only that is worth another port.
 		if !errors.Is(err, errBind) {
 			return nil, err
@@ -188,9 +188,11 @@ func start(bin, dir string, removeOK bool, args []string) (*Server, error) {
 	return nil, fmt.Errorf("redistest: no free port after %d attempts: %w", bindAttempts, lastErr)
 }
 
-// freePort asks the kernel for an unused loopback port. The port is free
-// only until someone else takes it, which is why start retries.
-func freePort() (int, error) {
+// FreePort asks the kernel for an unused port on 127.0.0.1. The port is free only
+// until someone else takes it, which is why Start retries; an address built from it
+// is also a handy "nothing listens here" for tests of an unreachable Redis. It is
+// safe for concurrent use.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("redistest: finding a free port: %w", err)
@@ -270,7 +272,7 @@ func (s *Server) launch(deadline time.Time) (*process, error) {
 
 // answers reports whether the redis-server with process id pid accepts
 // connections at addr. It asks for INFO rather than just PING because the
-// port was free only when freePort checked: if a stranger's redis took it,
+// port was free only when FreePort checked: if a stranger's redis took it,
 // its PONG must not pass for ours, and our own process is about to exit with
 // "Address already in use". When the server demands a password we do not know
 // (ACL arguments), -NOAUTH is taken as "up", since identity cannot be checked.

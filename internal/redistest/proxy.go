@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"sync"
@@ -46,6 +47,9 @@ type proxyConn struct {
 	// of this connection: its streams are out of step, so it must not carry
 	// traffic after the blackhole lifts.
 	tainted bool
+	// subscriber is set, under Proxy.mu, once the client sent a SUBSCRIBE on it;
+	// frozen, by FreezeSubscribers, makes it swallow everything for good.
+	subscriber, frozen bool
 }
 
 func (c *proxyConn) close() {
@@ -131,6 +135,24 @@ func (p *Proxy) Blackhole(on bool) {
 	for _, c := range victims {
 		c.close()
 	}
+}
+
+// FreezeSubscribers makes every connection on which the client has sent a
+// SUBSCRIBE die silently: from now on it swallows all bytes in both directions
+// and stays open, as a connection does whose peer vanished without a reset, so
+// the server keeps counting the subscriber while nothing reaches it. Other and
+// later connections are not affected. It returns how many were frozen.
+func (p *Proxy) FreezeSubscribers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for c := range p.conns {
+		if c.subscriber && !c.frozen {
+			c.frozen = true
+			n++
+		}
+	}
+	return n
 }
 
 // CloseAll resets every current connection, as a network failure or a proxy
@@ -237,7 +259,7 @@ func (p *Proxy) pump(c *proxyConn, src, dst net.Conn, reply bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			switch p.verdict(c, reply) {
+			switch p.verdict(c, reply, buf[:n]) {
 			case forward:
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
@@ -265,9 +287,15 @@ const (
 
 // verdict decides, under the lock so that switches apply to the very next
 // chunk, what happens to a chunk just read.
-func (p *Proxy) verdict(c *proxyConn, reply bool) verdict {
+func (p *Proxy) verdict(c *proxyConn, reply bool, chunk []byte) verdict {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !reply && !c.subscriber && bytes.Contains(bytes.ToLower(chunk), []byte("subscribe")) {
+		c.subscriber = true
+	}
+	if c.frozen {
+		return swallow
+	}
 	if p.blackhole {
 		c.tainted = true
 		return swallow

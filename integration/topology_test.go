@@ -62,7 +62,7 @@ func TestConnectionTypes(t *testing.T) {
 		opt := asynq.RedisClusterClientOpt{Addrs: addrs}
 		checkSerializedOn(t, opt)
 
-		// A lock and its fencing counter share a hash slot, so lock.lua may touch both.
+		// A lock and its wait queue share a hash slot, so lock.lua may touch both.
 		locks, rdb := newLocks(t, opt)
 		ctx := context.Background()
 		key := lockKey(t, "pay", "slot-check")
@@ -72,21 +72,19 @@ func TestConnectionTypes(t *testing.T) {
 		}
 		defer l.Unlock(ctx)
 		rkey := redisLockKey(t, key)
-		fkey := rkey + ":fence"
-		for _, k := range []string{rkey, fkey} {
-			if n, err := rdb.Exists(ctx, k).Result(); err != nil || n != 1 {
-				t.Errorf("EXISTS %s = %d, %v; want 1 (the key as documented)", k, n, err)
-			}
+		qkey := rkey + ":wait"
+		if n, err := rdb.Exists(ctx, rkey).Result(); err != nil || n != 1 {
+			t.Errorf("EXISTS %s = %d, %v; want 1 (the key as documented)", rkey, n, err)
 		}
 		s1, err1 := rdb.ClusterKeySlot(ctx, rkey).Result()
-		s2, err2 := rdb.ClusterKeySlot(ctx, fkey).Result()
+		s2, err2 := rdb.ClusterKeySlot(ctx, qkey).Result()
 		if err1 != nil || err2 != nil || s1 != s2 {
-			t.Errorf("CLUSTER KEYSLOT %s = %d (%v), %s = %d (%v); want the same slot", rkey, s1, err1, fkey, s2, err2)
+			t.Errorf("CLUSTER KEYSLOT %s = %d (%v), %s = %d (%v); want the same slot", rkey, s1, err1, qkey, s2, err2)
 		}
 		// Control: without the hash tag the two names would land in different slots.
 		bare := mustSlot(t, rdb, strings.NewReplacer("{", "", "}", "").Replace(rkey))
-		bareFence := mustSlot(t, rdb, strings.NewReplacer("{", "", "}", "").Replace(fkey))
-		if bare == bareFence {
+		bareQueue := mustSlot(t, rdb, strings.NewReplacer("{", "", "}", "").Replace(qkey))
+		if bare == bareQueue {
 			t.Errorf("control: untagged names share slot %d too; pick another key to make the check meaningful", bare)
 		}
 	})

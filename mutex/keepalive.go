@@ -30,6 +30,9 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // WithLock returns the error of taking the lock (ErrNotObtained, ctx's error, a Redis
 // error) without calling fn; otherwise fn's error, joined with any error of the
 // release (a release Redis could not confirm frees itself when the lease runs out).
+// A lease is reported lost only if it was: a release sent inside a valid lease that
+// finds the key gone or re-taken (its first reply was lost and the key changed hands
+// since) is not an error.
 // No goroutine outlives the call. It is safe for concurrent use; fn must honour its
 // context to benefit from the cancellation.
 func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) (err error) {
@@ -55,10 +58,17 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 		leaseErr := <-lost
 		cancelFn(context.Canceled)
 		rctx, rcancel := releaseContext(ctx, ttl)
+		sent := time.Now()
 		uerr := l.Unlock(rctx)
 		rcancel()
-		if leaseErr == nil && errors.Is(uerr, ErrNotHeld) {
-			leaseErr = fmt.Errorf("mutex: lease on %q ended before the release: %w", key, ErrNotHeld)
+		if errors.Is(uerr, ErrNotHeld) {
+			if sent.Before(l.validUntil()) {
+				// Sent inside a valid lease: the release was applied before, its reply
+				// lost, and the key has changed hands since. fn ran under the lock.
+				uerr = nil
+			} else if leaseErr == nil {
+				leaseErr = fmt.Errorf("mutex: lease on %q ended before the release: %w", key, ErrNotHeld)
+			}
 		}
 		switch {
 		case leaseErr != nil:

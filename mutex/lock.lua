@@ -1,61 +1,58 @@
 -- lock.lua: take the lock if it is free, or confirm that it is already ours; when it
--- is not, queue the caller as a waiter to be woken by the release.
+-- is not, queue the caller as a waiter to be handed the lock by a release.
 --
--- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>", expires after the lease;
---                                   "-:<token>" for a while after a release (see release.lua)
--- KEYS[2] -> <prefix>{<key>}:fence  the fencing counter
--- KEYS[3] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by time first queued (ms)
--- KEYS[4] -> <prefix>{<key>}:claim  waiters: hash of "<client>.<waiter>" to claim deadline (ms)
--- ARGV[1] -> token of this acquisition (non-empty, may contain ':')
+-- KEYS[1] -> <prefix>{<key>}        the lock (see common.lua for its value); expires after the lease
+-- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <token>", oldest first
+-- ARGV[1] -> token of this acquisition (non-empty)
 -- ARGV[2] -> lease in milliseconds
--- ARGV[3] -> lifetime of a new fencing counter in milliseconds
--- ARGV[4] -> waiter to queue if the lock is busy, or "" to queue nobody
--- ARGV[5] -> "1" if ARGV[4] may be queued already (remove it on success)
+-- ARGV[3] -> waiter to queue if the lock is busy ("<client>.<waiter>"), or "" to queue nobody
+-- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
 --
--- All keys share the hash tag, so one Redis Cluster slot.
+-- Both keys share the hash tag, so one Redis Cluster slot.
 -- Returns {fence, 0} when the lock is ours, {0, pttl} when another token holds it
 -- (pttl is -1 when the key has no expiry).
 --
--- A key that already holds our token counts as ours: a client that retried after a
--- lost reply must not report "not obtained" while its first attempt holds the key.
--- The fence is stored in the value so that such a retry returns the original fence.
--- A new counter is seeded from the server clock in microseconds and lives ARGV[3];
--- its successor is seeded the same way, so fences keep increasing as long as that
--- clock does not go back and a key sees fewer than a million acquisitions a second.
+-- A key that already holds our token counts as ours (its lease is reset): a client
+-- that retried after a lost reply must not report "not obtained" while its first
+-- attempt holds the key, and a waiter the lock was handed to learns it here if the
+-- hand-over's message did not reach it.
 --
--- A waiter keeps its place in the queue (ZADD NX) while it retries. Its claim lasts
--- until a little after the holder's lease would end, when the waiter tries again by
--- itself and renews the claim; a release skips waiters whose claim lapsed.
+-- A waiter is queued once, at the back, and keeps its place while it retries; a
+-- retry queues it again only if a release took it out of the queue without handing it
+-- the lock (its client was not listening). The queue lives twice the holder's
+-- remaining lease plus a second past the last attempt that queued someone; a waiter
+-- tries again by itself when that lease runs out, which renews it.
 local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 1) ~= 45 then -- "-:<token>" is a released lock's tombstone: free
-  local i = string.find(v, ':', 1, true)
-  if i and string.sub(v, i + 1) == ARGV[1] then
+local f, state, prev, tok = parse(v)
+local entry = ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1]
+if v and state ~= 'r' then
+  if tok == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {tonumber(string.sub(v, 1, i - 1)), 0}
+    if ARGV[4] == '1' then
+      redis.call('LREM', KEYS[2], 1, entry)
+    end
+    return {f, 0}
   end
   local pttl = redis.call('PTTL', KEYS[1])
-  if ARGV[4] ~= '' then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local claim = math.floor(math.max(pttl, 1000) * 1.25) + 1000
-    redis.call('ZADD', KEYS[3], 'NX', string.format('%d', now), ARGV[4])
-    redis.call('HSET', KEYS[4], ARGV[4], string.format('%d', now + claim))
-    if redis.call('PTTL', KEYS[3]) < claim then
-      redis.call('PEXPIRE', KEYS[3], claim)
-      redis.call('PEXPIRE', KEYS[4], claim)
+  if ARGV[3] ~= '' then
+    if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
+      redis.call('RPUSH', KEYS[2], entry)
+    end
+    redis.call('PEXPIRE', KEYS[2], 2 * math.max(pttl, 1000) + 1000)
+    if state == 'h' then
+      redis.call('SET', KEYS[1], value(f, 'w', prev, tok), 'KEEPTTL')
     end
   end
   return {0, pttl}
 end
-local f = redis.call('INCR', KEYS[2])
-if f == 1 then
-  local t = redis.call('TIME')
-  f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[2], string.format('%d', f), 'PX', ARGV[3])
+-- Free: absent, or a tombstone whose releaser we keep as prev.
+local st = 'h'
+if ARGV[4] == '1' then
+  redis.call('LREM', KEYS[2], 1, entry)
+  st = 'w' -- others may be queued behind us
+elseif not v and redis.call('EXISTS', KEYS[2]) == 1 then
+  st = 'w' -- waiters of a holder whose lease ran out
 end
-if ARGV[5] == '1' then
-  redis.call('ZREM', KEYS[3], ARGV[4])
-  redis.call('HDEL', KEYS[4], ARGV[4])
-end
-redis.call('SET', KEYS[1], string.format('%d', f) .. ':' .. ARGV[1], 'PX', ARGV[2])
-return {f, 0}
+local nf = nextFence(f or 0)
+redis.call('SET', KEYS[1], value(nf, st, tok or '', ARGV[1]), 'PX', ARGV[2])
+return {nf, 0}

@@ -1,10 +1,11 @@
 -- locked.lua: whether anyone holds the lock.
 --
--- KEYS[1] -> <prefix>{<key>}  the lock; value "<fence>:<token>", or "-:<token>" once released
+-- KEYS[1] -> <prefix>{<key>}  the lock (see common.lua for its value)
 --
--- Returns 1 when the lock is held, 0 otherwise.
+-- Returns 1 when the lock is held (by a value of another form too), 0 otherwise.
 local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 1) ~= 45 then
+local _, state = parse(v)
+if v and state ~= 'r' then
   return 1
 end
 return 0

@@ -13,10 +13,15 @@
 // overlap. Where overlap would corrupt data, pass [Lock.Fence] to the resource and
 // have it reject any write carrying a fence lower than one it has seen.
 //
-// Keys: the Redis key of a lock is prefix + "{" + encoded key + "}"; its fencing
-// counter and its queue of waiters are that plus ":fence", ":wait" and ":claim", so
-// all share one Redis Cluster hash slot. Each Client listens for wake-ups on the channel
-// prefix + "wake:" + a random id. The
+// Fences: a fence is the larger of the previous fence of the key plus one and the
+// Redis server's clock in microseconds, taken in the acquiring script. Fences
+// therefore keep increasing across a restart without persistence, a restore from an
+// older RDB or AOF snapshot and a replica's promotion, as long as the server's clock
+// does not go back; no counter key is kept.
+//
+// Keys: the Redis key of a lock is prefix + "{" + encoded key + "}"; its queue of
+// waiters is that plus ":wait", so both share one Redis Cluster hash slot. Each
+// Client listens for hand-overs on the channel prefix + "wake:" + a random id. The
 // encoding escapes '%', '{', '}' and '#' (braces in a key cannot move the slot) and
 // replaces keys longer than 256 bytes after escaping by their first 64 bytes, '#' and
 // a SHA-256 digest, so distinct keys never share a Redis key and every key is bounded.
@@ -54,18 +59,21 @@ const (
 	// Prefix says otherwise.
 	DefaultPrefix = "asynqmutex:"
 
-	fenceSuffix  = ":fence"
+	// MinTTL is the shortest lease a lock accepts. WithLock renews every ttl/3 and
+	// allows 2ms and 1% for clock drift, so a shorter lease would leave a renewal too
+	// little time to arrive before the lease ends.
+	MinTTL = 20 * time.Millisecond
+
+	// MaxTTL is the longest lease a lock accepts: seven days. Longer leases gain
+	// nothing (WithLock renews while fn runs) and risk overflowing time arithmetic.
+	MaxTTL = 7 * 24 * time.Hour
+
 	waitSuffix   = ":wait"
-	claimSuffix  = ":claim"
 	channelInfix = "wake:" // a Client listens on prefix + "wake:" + its id
 
-	// fenceRetention is how long a fencing counter lives. Its successor is seeded from
-	// the server clock (see lock.lua), which keeps memory bounded for keys locked once
-	// (a payment ID) and fences increasing.
-	fenceRetention = 24 * time.Hour
-
-	// tombstone is how long a released lock's key keeps "-:<token>", so that a release
-	// repeated after a lost reply is recognised: longer than go-redis's retries last.
+	// tombstone is how long a released lock's key stays as a tombstone (see
+	// common.lua), so that a release repeated after a lost reply is recognised:
+	// longer than go-redis's retries last.
 	tombstone = 10 * time.Second
 
 	maxKeyLen  = 256 // longer encoded keys are digested
@@ -231,13 +239,14 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 // Extend replaces the remaining lease with ttl if the lock is still ours. It returns
 // an error wrapping ErrNotHeld (and changes nothing) when the lease expired or another
 // token holds the key, and a wrapped Redis error when Redis cannot be reached; it is
-// safe to repeat. ttl is rounded down to whole milliseconds and must be at least 1ms.
+// safe to repeat. ttl is rounded down to whole milliseconds and must lie between
+// MinTTL and MaxTTL.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrNotHeld
 	}
-	if ttl < time.Millisecond {
-		return fmt.Errorf("mutex: extend %q: ttl %v is below 1ms", l.key, ttl)
+	if err := checkTTL(ttl); err != nil {
+		return fmt.Errorf("mutex: extend %q: %w", l.key, err)
 	}
 	sent := time.Now()
 	n, err := extendScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token, ttl.Milliseconds()).Int64()
@@ -253,18 +262,22 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// Unlock releases the lock and wakes the waiter, of any Client, queued longest. It
-// returns an error wrapping ErrNotHeld when the lease had expired or another token
-// holds the key (then nothing changes), and a wrapped Redis error when Redis cannot
-// be reached (then the key frees itself when the lease runs out). Repeating an Unlock
-// that succeeded returns nil for 10s: that is how a release whose reply was lost, and
-// which go-redis sent again, is told apart from a lost lease. Unlock on a nil *Lock
-// returns ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
+// Unlock releases the lock, handing it to the waiter, of any Client, queued longest.
+// It returns an error wrapping ErrNotHeld when the lease had expired or another
+// token holds the key (then nothing changes), and a wrapped Redis error when Redis
+// cannot be reached (then the key frees itself when the lease runs out).
+//
+// Repeating an Unlock that succeeded returns nil while the key is free (for 10s) or
+// held by the waiter it was handed to, or by whoever took it next: that is how a
+// release whose reply was lost, and which go-redis sent again, is told apart from a
+// lost lease. Only when the key has changed hands twice more before the repeat
+// arrives does it return ErrNotHeld; WithLock does not count that as a lost lease.
+// Unlock on a nil *Lock returns ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if l == nil {
 		return ErrNotHeld
 	}
-	n, err := l.c.release(ctx, l.rkey, l.token)
+	n, err := l.c.release(ctx, l.rkey, l.token, "")
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %q: %w", l.key, err)
 	}
@@ -293,8 +306,8 @@ func leaseEnd(sent time.Time, ttl time.Duration) time.Time {
 // ErrNotObtained when another holder has it, and a wrapped Redis error when Redis
 // cannot be reached; in that case it first tries to release the key in case the
 // server applied the attempt but its reply was lost, so no lock leaks for a whole
-// lease. ttl is rounded down to whole milliseconds and must be at least 1ms; key must
-// not be empty.
+// lease. ttl is rounded down to whole milliseconds and must lie between MinTTL and
+// MaxTTL; key must not be empty.
 func (c *Client) TryLock(ctx context.Context, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
 	a, err := c.newAcquisition(key, ttl, opts)
 	if err != nil {
@@ -322,19 +335,28 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 
 // acquisition is one call of TryLock, Lock or WithLock: several attempts share its token.
 type acquisition struct {
+	c         *Client
 	key, rkey string
 	ttl       time.Duration
 	lockConfig
+}
+
+// checkTTL rejects a lease outside [MinTTL, MaxTTL].
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return fmt.Errorf("ttl %v outside [%v, %v] (MinTTL, MaxTTL)", ttl, MinTTL, MaxTTL)
+	}
+	return nil
 }
 
 func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption) (*acquisition, error) {
 	if key == "" {
 		return nil, errors.New("mutex: empty key")
 	}
-	if ttl < time.Millisecond {
-		return nil, fmt.Errorf("mutex: lock %q: ttl %v is below 1ms", key, ttl)
+	if err := checkTTL(ttl); err != nil {
+		return nil, fmt.Errorf("mutex: lock %q: %w", key, err)
 	}
-	a := &acquisition{key: key, rkey: c.redisKey(key), ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	a := &acquisition{c: c, key: key, rkey: c.redisKey(key), ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	for _, o := range opts {
 		o.applyLock(&a.lockConfig)
 	}
@@ -351,21 +373,22 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	if err := ctx.Err(); err != nil {
 		return nil, 0, errors.Join(ErrNotObtained, err)
 	}
-	member, queued := "", "0"
+	id, queued := "", "0"
 	if w != nil {
-		member = w.member
+		id = w.member
 		if w.queued {
 			queued = "1"
 		}
 	}
 	sent := time.Now()
-	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + fenceSuffix, a.rkey + waitSuffix, a.rkey + claimSuffix},
-		a.token, a.ttl.Milliseconds(), fenceRetention.Milliseconds(), member, queued).Int64Slice()
+	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + waitSuffix},
+		a.token, a.ttl.Milliseconds(), id, queued).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if w != nil {
 		w.queued = true // even after an error: the server may have queued it
+		w.sent = sent
 	}
 	if err != nil {
 		c.abandon(ctx, a)
@@ -377,7 +400,13 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
-	return &Lock{c: c, key: a.key, rkey: a.rkey, token: a.token, fence: res[0], until: leaseEnd(sent, a.ttl)}, 0, nil
+	return a.lock(res[0], sent), 0, nil
+}
+
+// lock is the Lock this acquisition holds with fence f, granted by a command sent at
+// sent or later.
+func (a *acquisition) lock(f int64, sent time.Time) *Lock {
+	return &Lock{c: a.c, key: a.key, rkey: a.rkey, token: a.token, fence: f, until: leaseEnd(sent, a.ttl)}
 }
 
 // abandon releases whatever an attempt that ended in an error may have taken: the
@@ -386,14 +415,15 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 func (c *Client) abandon(ctx context.Context, a *acquisition) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
-	_, _ = c.release(ctx, a.rkey, a.token)
+	_, _ = c.release(ctx, a.rkey, a.token, "")
 }
 
-// release runs release.lua: with a token it unlocks; with "" it only passes a
-// wake-up on to the next waiter if the lock is free.
-func (c *Client) release(ctx context.Context, rkey, token string) (int64, error) {
-	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix, rkey + claimSuffix},
-		token, c.prefix+channelInfix, c.countsSubscribers, tombstone.Milliseconds()).Int64()
+// release runs release.lua: it unlocks token's hold on the lock and hands the lock
+// to the next waiter. A non-empty entry (a waiter that gives up) is first taken out
+// of the queue, and a lock that had been handed to it is passed on.
+func (c *Client) release(ctx context.Context, rkey, token, entry string) (int64, error) {
+	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
+		token, entry, c.prefix+channelInfix, c.countsSubscribers, tombstone.Milliseconds()).Int64()
 }
 
 func (c *Client) redisKey(key string) string {

@@ -1,56 +1,60 @@
--- release.lua: release the lock if our token holds it, then wake the next waiter.
+-- release.lua: release the lock if our token holds it, handing it to the oldest
+-- waiter whose client is listening.
 --
--- KEYS[1] -> <prefix>{<key>}        the lock; value "<fence>:<token>", or "-:<token>" once released
--- KEYS[2] -> <prefix>{<key>}:wait   waiters: sorted set of "<client>.<waiter>" by time first queued (ms)
--- KEYS[3] -> <prefix>{<key>}:claim  waiters: hash of "<client>.<waiter>" to claim deadline (ms)
--- ARGV[1] -> token; or "" to only pass a wake-up on: wake the next waiter if the lock is free
--- ARGV[2] -> channel prefix: a client <c> listens on ARGV[2] .. <c>
--- ARGV[3] -> "1" when PUBLISH counts every subscriber (not in Redis Cluster, where it
+-- KEYS[1] -> <prefix>{<key>}        the lock (see common.lua for its value)
+-- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <token>", oldest first
+-- ARGV[1] -> token
+-- ARGV[2] -> a waiter that gives up, to take out of the queue first (its entry as
+--            lock.lua wrote it), or "" for a plain release
+-- ARGV[3] -> channel prefix: a client <c> listens on ARGV[3] .. <c>
+-- ARGV[4] -> "1" when PUBLISH counts every subscriber (not in Redis Cluster, where it
 --            counts those of this node only)
--- ARGV[4] -> how long the tombstone of a release stays, in milliseconds
+-- ARGV[5] -> how long the tombstone of a release stays, in milliseconds
 --
 -- Returns 1 when released, 0 when the key is gone or holds another token (then the
--- lock is not touched). A release leaves the tombstone "-:<token>", which every script
--- treats as a free lock, so that a release repeated after a lost reply (go-redis
--- retries on a new connection) returns 1 again instead of reporting a lost lease.
+-- lock is not touched).
 --
--- The longest-queued waiter whose claim has not lapsed is removed from the queue and
--- its client gets "<waiter> <lock key>" on its channel: one release wakes one waiter
--- among all clients. When no subscriber received it (that client died or is
--- reconnecting), the next waiter is tried, so a dead waiter cannot swallow a release.
-local released = 0
-local v = redis.call('GET', KEYS[1])
-local held = v and string.byte(v, 1) ~= 45
-if ARGV[1] ~= '' then
-  if v == '-:' .. ARGV[1] then
-    return 1 -- this release was applied already and its reply lost
-  end
-  if not (held and string.sub(v, (string.find(v, ':', 1, true) or #v) + 1) == ARGV[1]) then
-    return 0
-  end
-  redis.call('SET', KEYS[1], '-:' .. ARGV[1], 'PX', ARGV[4])
-  released = 1
-elseif held then
+-- A release that finds its own tombstone, or finds the lock handed over by itself
+-- (prev), returns 1 again: it was applied already and its reply lost.
+--
+-- Hand-over: the oldest waiter is taken out of the queue, the lock is set to its
+-- token with a new fence and its own lease, and its client gets "<waiter> <fence>"
+-- on its channel. When no subscriber received that (the client died or is
+-- reconnecting), the next waiter is tried, so dead waiters cannot swallow a release;
+-- the waiter passed over tries again by itself once it listens again. When nobody
+-- is left, the lock becomes a tombstone.
+if ARGV[2] ~= '' then
+  redis.call('LREM', KEYS[2], 1, ARGV[2])
+end
+local f, state, prev, tok = parse(redis.call('GET', KEYS[1]))
+if not f then
   return 0
 end
-local now
-for _ = 1, 16 do
-  local w = redis.call('ZPOPMIN', KEYS[2])
-  if not w[1] then
-    break
+if state == 'r' or tok ~= ARGV[1] then
+  if tok == ARGV[1] or (prev == ARGV[1] and ARGV[2] == '') then
+    return 1
   end
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  local claim = tonumber(redis.call('HGET', KEYS[3], w[1]))
-  redis.call('HDEL', KEYS[3], w[1])
-  local dot = string.find(w[1], '.', 1, true)
-  if claim and claim >= now and dot then
-    local got = redis.call('PUBLISH', ARGV[2] .. string.sub(w[1], 1, dot - 1), string.sub(w[1], dot + 1) .. ' ' .. KEYS[1])
-    if got > 0 or ARGV[3] ~= '1' then
+  return 0
+end
+if state == 'w' then
+  while true do
+    local e = redis.call('LPOP', KEYS[2])
+    if not e then
       break
+    end
+    local dot = string.find(e, '.', 1, true)
+    local s1 = string.find(e, ' ', 1, true)
+    local s2 = s1 and string.find(e, ' ', s1 + 1, true)
+    if dot and s2 and dot < s1 then
+      f = nextFence(f)
+      redis.call('SET', KEYS[1], value(f, 'w', ARGV[1], string.sub(e, s2 + 1)), 'PX', string.sub(e, s1 + 1, s2 - 1))
+      local got = redis.call('PUBLISH', ARGV[3] .. string.sub(e, 1, dot - 1),
+        string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.format('%d', f))
+      if got > 0 or ARGV[4] ~= '1' then
+        return 1
+      end
     end
   end
 end
-return released
+redis.call('SET', KEYS[1], value(f, 'r', '', ARGV[1]), 'PX', ARGV[5])
+return 1

@@ -8,29 +8,31 @@ import (
 
 // Every Redis step is one Lua script, so that compare-and-act is atomic and costs one
 // round trip. redis.Script sends EVALSHA and falls back to EVAL on NOSCRIPT, which
-// also loads the script for the next call. Each file documents its KEYS and ARGV.
+// also loads the script for the next call. Each file documents its KEYS and ARGV;
+// common.lua, the lock value's format and the fence rule, starts every script.
 var (
+	//go:embed common.lua
+	commonLua string
+
 	//go:embed lock.lua
 	lockLua    string
-	lockScript = redis.NewScript(lockLua)
+	lockScript = newScript(lockLua)
 
 	//go:embed release.lua
 	releaseLua    string
-	releaseScript = redis.NewScript(releaseLua)
-
-	//go:embed unwait.lua
-	unwaitLua    string
-	unwaitScript = redis.NewScript(unwaitLua)
+	releaseScript = newScript(releaseLua)
 
 	//go:embed extend.lua
 	extendLua    string
-	extendScript = redis.NewScript(extendLua)
+	extendScript = newScript(extendLua)
 
 	//go:embed pttl.lua
 	pttlLua    string
-	pttlScript = redis.NewScript(pttlLua)
+	pttlScript = newScript(pttlLua)
 
 	//go:embed locked.lua
 	lockedLua    string
-	lockedScript = redis.NewScript(lockedLua)
+	lockedScript = newScript(lockedLua)
 )
+
+func newScript(body string) *redis.Script { return redis.NewScript(commonLua + "\n" + body) }

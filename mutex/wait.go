@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,13 +20,24 @@ import (
 // release anything the failed attempt may have taken).
 //
 // A waiter does not poll. A failed attempt queues it in Redis, in the same script, and
-// a release wakes the longest-queued waiter of any Client through that Client's
-// subscription connection: one release, one waiter woken. (In Redis Cluster, where a
-// release cannot tell whether a wake-up was received, a waiter whose Client died can
-// swallow one; the next waiter then comes back when the lease would have ended.) When
-// nothing wakes it (the holder crashed), a waiter tries again when the holder's
-// remaining lease runs out, plus a little random jitter. ttl is rounded down to whole milliseconds and must be
-// at least 1ms; key must not be empty.
+// a release hands the lock to the longest-queued waiter of any Client, in the release
+// script itself, and tells that waiter's Client on its subscription connection: one
+// release, one waiter, no race with newcomers, one round trip from release to
+// holding. Waiters are served in the order they first queued and keep their place
+// while they wait.
+//
+// A waiter that gives up (ctx done, MaxWait, a Redis error) leaves the queue and, if
+// the lock was handed to it meanwhile, passes it on at once. A release skips waiters
+// whose Client no longer listens (it died, or is reconnecting and will try again when
+// it listens again). Except in Redis Cluster, where PUBLISH cannot tell whether anyone
+// heard: there a waiter whose process died after queuing can be handed the lock, which
+// then frees when that waiter's lease runs out. When nothing comes (the holder
+// crashed), a waiter tries again when the holder's remaining lease runs out, plus a
+// little random jitter. A subscription connection that stops answering is noticed
+// within 3s (see Client), after which every waiter of the Client tries again.
+//
+// ttl is rounded down to whole milliseconds and must lie between MinTTL and MaxTTL;
+// key must not be empty.
 func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
 	a, err := c.newAcquisition(key, ttl, opts)
 	if err != nil {
@@ -43,9 +55,9 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 		return l, err
 	}
 	start := time.Now()
-	// Join before the first attempt: a release may wake us as soon as that attempt
-	// has queued us, before it even returns.
-	w, confirmed := c.hub.join(a.rkey)
+	// Join before the first attempt: a release may hand us the lock as soon as that
+	// attempt has queued us, before it even returns.
+	w := c.hub.join(a)
 	acquired := false
 	defer func() { c.hub.leave(ctx, w, acquired) }()
 
@@ -54,9 +66,9 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 		acquired = l != nil
 		return l, err
 	}
-	// A release published before our Client's subscription is confirmed is lost: in
-	// that case try once more when it is confirmed.
-	ready := c.hub.ensure(confirmed)
+	// A hand-over published before the subscription is confirmed reaches nobody, and
+	// the release passes us over: every waiter tries again on confirmation.
+	c.hub.ensure()
 	var deadline <-chan time.Time
 	if a.maxWait > 0 {
 		t := time.NewTimer(a.maxWait - time.Since(start))
@@ -71,8 +83,14 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 			return nil, errors.Join(ErrNotObtained, ctx.Err())
 		case <-deadline:
 			return nil, ErrNotObtained
-		case <-ready:
-			ready = nil
+		case f := <-w.grant:
+			// The release that handed us the lock ran after our last attempt was sent,
+			// so the lease counts from no earlier than that.
+			if l := a.lock(f, w.sent); time.Until(l.validUntil()) > a.ttl/2 {
+				acquired = true
+				return l, nil
+			}
+			// Most of that lease may have passed: the attempt below renews it.
 		case <-w.wake:
 		case <-timer.C:
 		}
@@ -91,58 +109,69 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 // retryAfter is how long a waiter that hears nothing sleeps: until the holder's lease
 // runs out, plus jitter so that waiters of a crashed holder do not all arrive at once.
 func retryAfter(pttl time.Duration) time.Duration {
-	if pttl < 0 { // the key has no expiry: someone set it by hand
+	if pttl < 0 || pttl > MaxTTL { // no expiry, or set by hand: look again later
 		pttl = time.Second
 	}
 	return pttl + rand.N(pttl/8+time.Millisecond)
 }
 
-// hubLinger is how long the subscription connection stays open after the last waiter
-// left, so that bursts of contention do not dial a connection each.
-const hubLinger = 200 * time.Millisecond
+const (
+	// hubLinger is how long the subscription connection stays open after the last
+	// waiter left, so that bursts of contention do not dial a connection each.
+	hubLinger = 200 * time.Millisecond
 
-// hub receives the wake-ups addressed to one Client's waiters, on one pub/sub
+	// healthEvery is how long the subscription may be silent before it is sent a
+	// PING; a connection that then stays silent as long again is replaced. A dead
+	// connection is thus noticed within 2*healthEvery plus a read's scheduling.
+	healthEvery = time.Second
+)
+
+// hub receives the hand-overs addressed to one Client's waiters, on one pub/sub
 // connection subscribed to the Client's own channel.
 type hub struct {
 	c       *Client
 	id      string // this Client's name in wait queues; no '.'
 	channel string
 	linger  time.Duration
+	health  time.Duration
 
 	mu      sync.Mutex
 	waiters map[string]*waiter // by waiter id
 	seq     uint64
 	cur     *subscription // nil while nobody waits and the linger has passed
 	idle    *time.Timer
-	passing sync.WaitGroup // wake-ups being passed on
 }
 
-// subscription is one pub/sub connection and the goroutine that reads it.
+// subscription is one pub/sub connection (replaced when it dies silently) and the
+// goroutine that reads it.
 type subscription struct {
-	ps    *redis.PubSub
-	ready chan struct{} // closed when Redis confirmed the subscription; replaced after a reconnect
-	stop  chan struct{}
-	done  chan struct{}
+	ps        *redis.PubSub // guarded by hub.mu
+	confirmed bool          // guarded by hub.mu: Redis confirmed the subscription on ps
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 type waiter struct {
-	id, rkey string
-	member   string        // "<client>.<waiter>" in the key's wait queue
-	queued   bool          // an attempt may have queued it: remove it when done
-	wake     chan struct{} // capacity 1: a wake-up not yet acted on
+	a      *acquisition
+	id     string
+	member string     // "<client>.<waiter>"
+	entry  string     // the queue entry lock.lua writes for it
+	queued bool       // an attempt may have queued it: take it out when done
+	sent   time.Time  // when the last attempt was sent
+	grant  chan int64 // capacity 1: the fence of a hand-over
+	wake   chan struct{}
 }
 
 func newHub(c *Client) *hub {
 	id := newToken() // base64url: no '.'
 	return &hub{
-		c: c, id: id, channel: c.prefix + channelInfix + id, linger: hubLinger,
+		c: c, id: id, channel: c.prefix + channelInfix + id, linger: hubLinger, health: healthEvery,
 		waiters: make(map[string]*waiter),
 	}
 }
 
-// join registers a waiter for rkey and reports whether the subscription was
-// confirmed at that moment (see ensure).
-func (h *hub) join(rkey string) (*waiter, bool) {
+// join registers a waiter for a.
+func (h *hub) join(a *acquisition) *waiter {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.idle != nil {
@@ -151,29 +180,28 @@ func (h *hub) join(rkey string) (*waiter, bool) {
 	}
 	h.seq++
 	id := strconv.FormatUint(h.seq, 36)
-	w := &waiter{id: id, rkey: rkey, member: h.id + "." + id, wake: make(chan struct{}, 1)}
+	member := h.id + "." + id
+	w := &waiter{
+		a: a, id: id, member: member,
+		entry: member + " " + strconv.FormatInt(a.ttl.Milliseconds(), 10) + " " + a.token,
+		grant: make(chan int64, 1), wake: make(chan struct{}, 1),
+	}
 	h.waiters[id] = w
-	return w, h.cur != nil && isClosed(h.cur.ready)
+	return w
 }
 
-// ensure opens the subscription if needed. If it was not confirmed when the waiter
-// joined, it returns a channel closed on confirmation; otherwise nil, since the
-// confirmed subscription saw every wake-up since.
-func (h *hub) ensure(confirmed bool) <-chan struct{} {
+// ensure opens the subscription if it is not open.
+func (h *hub) ensure() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.cur == nil {
 		h.cur = h.start()
 	}
-	if confirmed {
-		return nil
-	}
-	return h.cur.ready
 }
 
-// leave removes w. If w gave up, it is taken out of the key's queue; a wake-up it
-// received but did not use is passed on, so that a waiter who left does not swallow
-// a release.
+// leave removes w. If w gave up after an attempt may have queued it, it is taken out
+// of the key's queue, and a lock handed to it meanwhile is passed on, so that a
+// waiter who left does not swallow a release.
 func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	h.mu.Lock()
 	delete(h.waiters, w.id)
@@ -186,20 +214,16 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_ = unwaitScript.Run(ctx, h.c.rdb, []string{w.rkey + waitSuffix, w.rkey + claimSuffix}, w.member).Err()
-	if len(w.wake) > 0 {
-		_, _ = h.c.release(ctx, w.rkey, "")
-	}
+	_, _ = h.c.release(ctx, w.a.rkey, w.a.token, w.entry)
 }
 
 // start opens the subscription connection and starts reading it. Called with hub.mu
 // held; the connection is dialled by the reading goroutine.
 func (h *hub) start() *subscription {
 	s := &subscription{
-		ps:    h.c.rdb.Subscribe(context.Background()),
-		ready: make(chan struct{}),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		ps:   h.c.rdb.Subscribe(context.Background()),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	go h.read(s)
 	return s
@@ -223,17 +247,20 @@ func (h *hub) shut(force bool) {
 		h.idle = nil
 	}
 	h.wakeAll() // waiters left behind try again now, then by their holders' leases
+	ps := s.ps
 	h.mu.Unlock()
 	close(s.stop)
-	_ = s.ps.Close()
+	_ = ps.Close()
 	<-s.done
-	h.passing.Wait()
 }
 
 func (h *hub) read(s *subscription) {
 	defer close(s.done)
+	h.mu.Lock()
+	ps := s.ps
+	h.mu.Unlock()
 	backoff := 10 * time.Millisecond
-	subscribe := true
+	subscribe, pinged := true, false
 	for {
 		var (
 			msg any
@@ -243,12 +270,26 @@ func (h *hub) read(s *subscription) {
 			// go-redis records the channel and subscribes again by itself after
 			// reconnecting; a failed write shows up as an error from Receive.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err = s.ps.Subscribe(ctx, h.channel)
+			err = ps.Subscribe(ctx, h.channel)
 			cancel()
 			subscribe = err != nil
 		}
 		if err == nil {
-			msg, err = s.ps.Receive(context.Background())
+			msg, err = ps.ReceiveTimeout(context.Background(), h.health)
+		}
+		if err != nil && isTimeout(err) {
+			if !pinged {
+				pinged = true
+				if err = ps.Ping(context.Background()); err == nil {
+					continue
+				}
+			} else if ps = h.replace(s); ps != nil {
+				// Silent for a whole interval after a PING: the connection is dead
+				// though nothing said so (a lost network, a frozen server).
+				subscribe, pinged = true, false
+			} else {
+				return
+			}
 		}
 		if err != nil {
 			select {
@@ -256,13 +297,11 @@ func (h *hub) read(s *subscription) {
 				return
 			default:
 			}
-			// The connection broke: wake-ups may have been lost, and go-redis will
-			// resubscribe on the next Receive. Let every waiter try again now, and wait
-			// for a new confirmation before trusting the subscription.
+			// The connection broke: hand-overs may have been lost, and go-redis will
+			// resubscribe on the next Receive. Let every waiter try again now, and
+			// again when the subscription is confirmed.
 			h.mu.Lock()
-			if isClosed(s.ready) {
-				s.ready = make(chan struct{})
-			}
+			s.confirmed = false
 			h.wakeAll()
 			h.mu.Unlock()
 			t := time.NewTimer(backoff)
@@ -275,48 +314,59 @@ func (h *hub) read(s *subscription) {
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
-		backoff = 10 * time.Millisecond
+		backoff, pinged = 10*time.Millisecond, false
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
+				// Releases while we were not subscribed passed our waiters over: each
+				// tries again, which queues it again if it has to.
 				h.mu.Lock()
-				if !isClosed(s.ready) {
-					close(s.ready)
-				}
+				s.confirmed = true
+				h.wakeAll()
 				h.mu.Unlock()
 			}
 		case *redis.Message:
-			h.woken(m.Payload)
+			h.handedOver(m.Payload)
 		}
 	}
 }
 
-// woken handles "<waiter> <lock key>" from a release: it wakes that waiter, or, if it
-// has left, passes the wake-up on to the key's next waiter.
-func (h *hub) woken(payload string) {
-	id, rkey, ok := strings.Cut(payload, " ")
-	if !ok {
+// replace closes s's connection and gives s a new one, unless s was shut; then it
+// returns nil.
+func (h *hub) replace(s *subscription) *redis.PubSub {
+	h.mu.Lock()
+	if h.cur != s {
+		h.mu.Unlock()
+		return nil
+	}
+	old := s.ps
+	s.ps = h.c.rdb.Subscribe(context.Background())
+	s.confirmed = false
+	ps := s.ps
+	h.mu.Unlock()
+	_ = old.Close()
+	return ps
+}
+
+// handedOver handles "<waiter> <fence>" from a release: the lock is that waiter's.
+// A waiter that has left is not told: its leave passes the lock on.
+func (h *hub) handedOver(payload string) {
+	id, fence, ok := strings.Cut(payload, " ")
+	f, err := strconv.ParseInt(fence, 10, 64)
+	if !ok || err != nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if w := h.waiters[id]; w != nil {
 		select {
-		case w.wake <- struct{}{}:
+		case w.grant <- f:
 		default:
 		}
-		return
 	}
-	h.passing.Add(1)
-	go func() {
-		defer h.passing.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, _ = h.c.release(ctx, rkey, "")
-	}()
 }
 
-// wakeAll wakes every waiter. Called with hub.mu held.
+// wakeAll makes every waiter try again. Called with hub.mu held.
 func (h *hub) wakeAll() {
 	for _, w := range h.waiters {
 		select {
@@ -326,11 +376,7 @@ func (h *hub) wakeAll() {
 	}
 }
 
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -147,29 +147,16 @@ func TestCheckersTripOnDeletedLocks(t *testing.T) {
 }
 
 // TestCheckersTripOnRewoundFences is the positive control of the fenced-write checker
-// in a loop run: a nemesis rewinds the fencing counters, so later holders get fences
-// lower than ones the referee already accepted. The referee must reject writes, and
-// porcupine must reject the history (fences must increase).
+// in a loop run: the workers are a deliberately broken lock that hands every other
+// section a fence far below the one it was given, as a lock whose fences went back
+// would. The referee must reject writes, and porcupine must reject the history
+// (fences must increase).
 func TestCheckersTripOnRewoundFences(t *testing.T) {
 	rig := NewRig(t)
 	keys := Keys("nemesis-fence", 2)
 	res := rig.RunLoop(t, LoopConfig{
-		Workers: 4, Sections: 60, Keys: keys, TTL: 2 * time.Second,
+		Workers: 4, Sections: 60, Keys: keys, TTL: 2 * time.Second, RewindFences: true,
 		Section: SectionConfig{GapMin: 200 * time.Microsecond, GapMax: time.Millisecond},
-		During: func(ctx context.Context) {
-			n, err := Every(ctx, 5*time.Millisecond, 200, func(ctx context.Context) error {
-				for _, k := range keys {
-					if err := rig.LockRDB.Set(ctx, RedisLockKey(k)+":fence", 1, 0).Err(); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				t.Errorf("nemesis: %v", err)
-			}
-			t.Logf("nemesis: rewound the fencing counters %d times", n)
-		},
 	})
 	if res.Total.Stale == 0 {
 		t.Errorf("fenced-write checker rejected no write although fences were rewound: the checker is broken")

@@ -427,6 +427,14 @@ type Recorder struct {
 // NewRecorder returns a recorder for worker (the parent is worker 0).
 func NewRecorder(worker int) *Recorder { return &Recorder{worker: worker} }
 
+// Rewind records fence as a's fence instead of the lock's, and returns it.
+func (r *Recorder) Rewind(a *Attempt, fence int64) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a.Fence = fence
+	return fence
+}
+
 // WithLock calls c.WithLock and records the call: when the lock was obtained, when fn
 // returned, when (if ever) fn's context was cancelled because the lease was lost, and
 // how the call ended. fn gets the lock and the attempt, to fill in Section or Writes.
@@ -738,10 +746,14 @@ type WorkerSpec struct {
 	TTL         time.Duration
 	Sections    int
 	Section     SectionConfig
-	RoundRobin  bool          // loop: section i takes Keys[(ID+i) % len(Keys)] instead of a random key
-	Lifetime    time.Duration // the worker gives up and exits after this long
-	Seed        uint64
-	Report      string // path of the JSON report; set by StartWorker
+	RoundRobin  bool // loop: section i takes Keys[(ID+i) % len(Keys)] instead of a random key
+	// RewindFences makes a loop worker a deliberately broken lock for positive
+	// controls: every other section it uses and records a fence far below the one
+	// the lock gave it.
+	RewindFences bool
+	Lifetime     time.Duration // the worker gives up and exits after this long
+	Seed         uint64
+	Report       string // path of the JSON report; set by StartWorker
 }
 
 // WorkerReport is what a worker leaves behind when it exits by itself.
@@ -995,6 +1007,22 @@ func NewRig(t testing.TB) *Rig {
 // The keys this battery uses need no escaping.
 func RedisLockKey(key string) string { return mutex.DefaultPrefix + "{" + key + "}" }
 
+// HolderOf reads a lock key's value as mutex/common.lua documents it,
+// "<fence>:<state>:<n>:<prev><token>", and returns the holder's token. held is
+// false only for a released lock's tombstone (state "r"); a value of another form
+// counts as held, by the whole value, as the library's scripts count it.
+func HolderOf(v string) (token string, held bool) {
+	parts := strings.SplitN(v, ":", 4)
+	if len(parts) != 4 || len(parts[1]) != 1 {
+		return v, true
+	}
+	n, err := strconv.Atoi(parts[2])
+	if err != nil || n > len(parts[3]) {
+		return v, true
+	}
+	return parts[3][n:], parts[1] != "r"
+}
+
 // Keys returns n lock keys named after prefix.
 func Keys(prefix string, n int) []string {
 	out := make([]string, n)
@@ -1012,6 +1040,7 @@ type LoopConfig struct {
 	TTL               time.Duration
 	Section           SectionConfig
 	RoundRobin        bool          // see WorkerSpec.RoundRobin
+	RewindFences      bool          // see WorkerSpec.RewindFences
 	LockAddr          string        // defaults to the rig's lock Redis
 	Lifetime          time.Duration // per worker; default 2 minutes
 	// During, if set, runs in the parent while the workers run (a nemesis, a
@@ -1049,7 +1078,11 @@ func loopMode(ctx context.Context, p *Proc) error {
 		}
 		var secErr error
 		p.Rec.WithLock(ctx, p.Locks, key, p.Spec.TTL, func(ctx context.Context, l *mutex.Lock, a *Attempt) error {
-			res, err := p.Ref.Section(ctx, key, l.Fence(), a.Writer(), p.Spec.Section, p.Rand)
+			fence := l.Fence()
+			if p.Spec.RewindFences && i%2 == 1 {
+				fence = p.Rec.Rewind(a, fence/2)
+			}
+			res, err := p.Ref.Section(ctx, key, fence, a.Writer(), p.Spec.Section, p.Rand)
 			a.Section = &res
 			secErr = err
 			return err
@@ -1081,7 +1114,7 @@ func (rig *Rig) RunLoop(t testing.TB, cfg LoopConfig) LoopResult {
 		workers[i] = StartWorker(t, WorkerSpec{
 			Mode: "loop", ID: i + 1, LockAddr: cfg.LockAddr, RefereeAddr: rig.Referee.Addr(),
 			Keys: cfg.Keys, TTL: cfg.TTL, Sections: cfg.Sections, Section: cfg.Section, RoundRobin: cfg.RoundRobin,
-			Lifetime: cfg.Lifetime,
+			RewindFences: cfg.RewindFences, Lifetime: cfg.Lifetime,
 		})
 	}
 	var res LoopResult

@@ -585,11 +585,11 @@ func (s *leakSampler) sample(ctx context.Context) error {
 	type seen struct{ key, token string }
 	var found []seen
 	for i, v := range vals {
-		str, ok := v.(string)
-		if !ok || strings.HasPrefix(str, "-:") { // free, or a released lock's tombstone
+		str, _ := v.(string)
+		tok, held := HolderOf(str)
+		if !held { // free, or a released lock's tombstone
 			continue
 		}
-		_, tok, _ := strings.Cut(str, ":")
 		found = append(found, seen{s.keys[i], tok})
 	}
 	states := make([]*redis.StringCmd, len(found))
@@ -660,8 +660,8 @@ func (s *leakSampler) close() {
 	}
 }
 
-// leftLockKeys returns the held lock keys (not fences, wait queues, or the tombstones
-// "-:<token>" that a release leaves for a while) in the lock Redis.
+// leftLockKeys returns the held lock keys (not wait queues, or the tombstones that a
+// release leaves for a while) in the lock Redis.
 func leftLockKeys(ctx context.Context, rdb *redis.Client) ([]string, error) {
 	var out []string
 	iter := rdb.Scan(ctx, 0, mutex.DefaultPrefix+"*", 100).Iterator()
@@ -677,7 +677,7 @@ func leftLockKeys(ctx context.Context, rdb *redis.Client) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !strings.HasPrefix(v, "-:") {
+		if _, held := HolderOf(v); held {
 			out = append(out, k)
 		}
 	}
@@ -742,9 +742,9 @@ func TestNetworkFaults(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && controlSet == 0; {
 		// Set it only while the lock is free: absent, or a released lock's tombstone.
 		ok, err := rig.LockRDB.Eval(context.Background(), `local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 1) ~= 45 then return 0 end
+if v and not string.match(v, '^%d+:r:') then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1`, []string{RedisLockKey(keys[0])}, "1:"+controlToken, 700).Bool()
+return 1`, []string{RedisLockKey(keys[0])}, "1:h:0:"+controlToken, 700).Bool()
 		if err != nil {
 			t.Fatalf("control: %v", err)
 		}

@@ -69,7 +69,7 @@ func testWaiterKilled(t *testing.T, killedFirst bool) {
 		queued := func(n int64) {
 			t.Helper()
 			for i := 0; i < 500; i++ {
-				if c, _ := rig.LockRDB.ZCard(ctx, queue).Result(); c >= n {
+				if c, _ := rig.LockRDB.LLen(ctx, queue).Result(); c >= n {
 					return
 				}
 				time.Sleep(10 * time.Millisecond)
@@ -162,7 +162,7 @@ func TestWakeOrder(t *testing.T) {
 			got <- result{who, l, err}
 		}()
 		for i := 0; i < 500; i++ {
-			if n, _ := rig.LockRDB.ZCard(ctx, RedisLockKey(key)+":wait").Result(); n >= int64(who) {
+			if n, _ := rig.LockRDB.LLen(ctx, RedisLockKey(key)+":wait").Result(); n >= int64(who) {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)

@@ -200,7 +200,7 @@ func StartWorkers(n int, more func() bool, op func(worker int) error) (wait func
 // WaitBlocked returns once a waiter is blocked in Lock on the key whose Redis key is
 // rkey: its Client, which counts its attempts in c (before is the count before it
 // started), made at least one attempt; that attempt queued the waiter in rkey's wait
-// queue (a sorted set of "<client>.<waiter>"); the Client's wake-up channel,
+// queue (a list of "<client>.<waiter> <lease ms> <token>"); the Client's channel,
 // <prefix>wake:<client>, is subscribed; and the Client has made no further attempt for
 // 2ms since. A waiter whose Client was subscribed when it joined blocks after one
 // failed attempt; one that joined before the confirmation makes one more attempt
@@ -237,7 +237,7 @@ func WaitBlocked(ctx context.Context, c *AttemptCounter, before int64, stats *re
 // queuedAndSubscribed reports whether rkey's wait queue holds a waiter whose Client's
 // wake-up channel has a subscriber.
 func queuedAndSubscribed(ctx context.Context, stats *redis.Client, prefix, rkey string) (bool, error) {
-	members, err := stats.ZRange(ctx, rkey+":wait", 0, -1).Result()
+	members, err := stats.LRange(ctx, rkey+":wait", 0, -1).Result()
 	if err != nil || len(members) == 0 {
 		return false, err
 	}

@@ -2,10 +2,14 @@ package asynqmutex
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
@@ -216,6 +220,29 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	m.failed(ctx, t, le)
 	return le
 }
+
+// maxShown is the length up to which error texts and logs show a key or a task
+// type whole.
+const maxShown = 100
+
+// shorten returns s as error texts and logs show it: whole up to maxShown bytes;
+// longer, its first 64 bytes (cut at a character boundary), "…" and the first 12
+// hex digits of its SHA-256, so that long keys stay told apart without the text
+// growing with them or repeating payload values at length.
+func shorten(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	cut := 64
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…sha256:" + hex.EncodeToString(sum[:6])
+}
+
+// quoteShort is shorten(s) quoted as a Go string, for task types.
+func quoteShort(s string) string { return strconv.Quote(shorten(s)) }
 
 // taskRef and idSuffix name a task by its ID in errors, when asynq gave one.
 func taskRef(id string) string {

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
@@ -39,10 +41,12 @@ type config struct {
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
 // so tasks of one type with the same values run one at a time ("customer.id" names
-// the field id inside the object customer). Without On or KeyBy the key is the task
-// type alone: at most one task of each type runs at a time. A task whose payload is
-// not a JSON object or lacks a field is archived at once with an error naming the
-// field (see Middleware). On panics if no field is given or a name is empty.
+// the field id inside the object customer). A value must be a string, a number, a
+// boolean or null; see KeyFunc for the key's exact form. Without On or KeyBy the key
+// is the task type alone: at most one task of each type runs at a time. A task whose
+// payload is not a JSON object, lacks a field, or holds an object, an array or a
+// string that is not UTF-8 there, is archived at once with an error naming the field
+// (see Middleware). On panics if no field is given or a name is empty.
 func On(fields ...string) Option {
 	if len(fields) == 0 {
 		panic("asynqmutex.On: no field given")
@@ -52,8 +56,9 @@ func On(fields ...string) Option {
 	return optionFunc(func(c *config) { c.setKey("On", fieldsKey(fields)) })
 }
 
-// KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn
-// archives the task as a malformed payload does. KeyBy panics if fn is nil.
+// KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
+// or an empty key, archives the task as a malformed payload does. KeyBy panics if fn
+// is nil.
 func KeyBy(fn KeyFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeyBy: nil KeyFunc")
@@ -127,9 +132,12 @@ func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option
 // When the lock is not obtained the handler does not run: a busy key is handled by the
 // OnConflict policy and reported to AfterFailure; a Redis error is returned as an
 // ordinary, retryable error; a key that cannot be derived (payload not JSON, a missing
-// field, a KeyBy error) returns an error naming the task and the field, wrapping
+// field, an object where On wants a scalar, a KeyBy error or empty key) returns an
+// error naming the task and the field, wrapping
 // asynq.SkipRetry, so the task goes to the archive where it can be inspected and run
-// again, rather than retrying in a loop. A task is never run without its lock.
+// again, rather than retrying in a loop. A task is never run without its lock. No
+// error text the middleware adds grows with the key or the payload: a key or task
+// type longer than 100 bytes is shown shortened, with a digest.
 //
 // Middleware panics if locks is nil or the options conflict. The returned middleware
 // is safe for concurrent use.
@@ -164,10 +172,13 @@ type middleware struct {
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	id, _ := asynq.GetTaskID(ctx)
 	key, err := m.key(ctx, t)
+	if err == nil && key == "" {
+		err = &keyError{taskType: t.Type(), msg: "KeyBy returned an empty key"}
+	}
 	if err != nil {
 		var ke *keyError
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
-			err = fmt.Errorf("asynqmutex: task %q: lock key: %w", t.Type(), err)
+			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", quoteShort(t.Type()), err)
 		}
 		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
 		m.failed(ctx, t, err)
@@ -194,14 +205,14 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if ran {
 		m.conflicts.forget(id)
 		if errors.Is(err, mutex.ErrNotHeld) && !errors.Is(handlerErr, mutex.ErrNotHeld) {
-			return fmt.Errorf("asynqmutex: task %q%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", t.Type(), idSuffix(id), key, err)
+			return boundedError(fmt.Sprintf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, err)
 		}
 		// A release Redis could not confirm needs no retry of the task: the key frees
 		// itself when its lease runs out.
 		return handlerErr
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %q%s: taking lock %s: %w", t.Type(), idSuffix(id), key, err)
+		err = boundedError(fmt.Sprintf("asynqmutex: task %s%s: taking lock %s", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, err)
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -213,13 +224,32 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return nil
 	case Fail:
 		m.failed(ctx, t, le)
-		return fmt.Errorf("asynqmutex: task %q%s: lock %s is held by another task: %w", t.Type(), idSuffix(id), key, mutex.ErrNotObtained)
+		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
 	n := m.conflicts.add(id)
 	le.RetryIn = time.Duration(m.policy) << min(n-1, 4)
 	m.failed(ctx, t, le)
 	return le
 }
+
+// boundedError returns an error whose text is msg, then cause's text with key
+// shortened wherever it appears in it, and which wraps cause.
+func boundedError(msg, key string, cause error) error {
+	text := cause.Error()
+	if len(key) > maxShown {
+		text = strings.ReplaceAll(text, strconv.Quote(key), strconv.Quote(shorten(key)))
+		text = strings.ReplaceAll(text, key, shorten(key))
+	}
+	return &wrapError{msg: msg + ": " + text, err: cause}
+}
+
+type wrapError struct {
+	msg string
+	err error
+}
+
+func (e *wrapError) Error() string { return e.msg }
+func (e *wrapError) Unwrap() error { return e.err }
 
 // maxShown is the length up to which error texts and logs show a key or a task
 // type whole.
@@ -243,6 +273,18 @@ func shorten(s string) string {
 
 // quoteShort is shorten(s) quoted as a Go string, for task types.
 func quoteShort(s string) string { return strconv.Quote(shorten(s)) }
+
+// showKey is the shortened key as error texts and logs show it: as it is when it
+// holds only printable characters (as keys from On do), quoted otherwise.
+func showKey(key string) string {
+	s := shorten(key)
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
 
 // taskRef and idSuffix name a task by its ID in errors, when asynq gave one.
 func taskRef(id string) string {

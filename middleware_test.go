@@ -175,6 +175,10 @@ func TestMiddlewareBadInput(t *testing.T) {
 		{"KeyBy error", `{}`, []Option{KeyBy(func(context.Context, *asynq.Task) (string, error) {
 			return "", errors.New("no tenant header")
 		})}, []string{`"pay"`, "no tenant header"}},
+		{"KeyBy empty key", `{}`, []Option{KeyBy(func(context.Context, *asynq.Task) (string, error) {
+			return "", nil
+		})}, []string{`"pay"`, "KeyBy returned an empty key"}},
+		{"object value", `{"id":{"n":1}}`, []Option{On("id")}, []string{`"pay"`, `field "id" is an object`, "KeyBy"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -313,6 +317,103 @@ func TestPolicyString(t *testing.T) {
 	for p, want := range map[Policy]string{Skip: "Skip", Fail: "Fail", RetryLater(2 * time.Second): "RetryLater(2s)"} {
 		if got := p.String(); got != want {
 			t.Errorf("Policy(%d).String() = %q, want %q", p, got, want)
+		}
+	}
+}
+
+// TestErrorTextsBounded gives tasks a megabyte key: every error text the
+// middleware produces, and every one the hook sees, stays a few hundred bytes,
+// showing the key shortened with a digest; LockedError.Key keeps it whole.
+func TestErrorTextsBounded(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	task := asynq.NewTask("pay", []byte(`{"id":"`+big+`"}`))
+	key := `["pay","` + big + `"]`
+	const bound = 400
+	check := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if err == nil {
+			return
+		}
+		if msg := err.Error(); len(msg) > bound || !strings.Contains(msg, `["pay","xxxx`) || !strings.Contains(msg, "…sha256:") {
+			t.Errorf("%s: error text is %d bytes: %.300q; want at most %d, the key shortened with a digest", what, len(msg), msg, bound)
+		}
+	}
+	for _, p := range []Policy{Skip, Fail, RetryLater(time.Second)} {
+		t.Run("busy "+p.String(), func(t *testing.T) {
+			locks, _ := newLocks(t)
+			ctx := context.Background()
+			holder, err := locks.TryLock(ctx, key, time.Minute)
+			require.NoError(t, err)
+			defer holder.Unlock(ctx)
+			var rec recorder
+			h := Middleware(locks, On("id"), OnConflict(p), AfterFailure(rec.hook))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				t.Error("the handler ran without the lock")
+				return nil
+			}))
+			check(t, "returned", h.ProcessTask(ctx, task))
+			got := rec.got()
+			require.Len(t, got, 1)
+			check(t, "hook", got[0])
+			var le *LockedError
+			require.True(t, errors.As(got[0], &le))
+			assert.Equal(t, key, le.Key, "LockedError.Key is the whole key")
+		})
+	}
+	t.Run("Redis down", func(t *testing.T) {
+		locks, m := newLocks(t)
+		m.Close()
+		h := Middleware(locks, On("id"))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+		err := h.ProcessTask(context.Background(), task)
+		require.Error(t, err)
+		check(t, "Redis down", err)
+	})
+	t.Run("lease lost", func(t *testing.T) {
+		locks, m := newLocks(t)
+		h := Middleware(locks, On("id"), TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			for _, k := range m.Keys() {
+				if strings.HasPrefix(k, "asynqmutex:{") && !strings.Contains(k, "fence") {
+					m.Del(k)
+				}
+			}
+			<-ctx.Done()
+			return errors.New("stopped")
+		}))
+		err := h.ProcessTask(context.Background(), task)
+		require.ErrorIs(t, err, mutex.ErrNotHeld)
+		check(t, "lease lost", err)
+	})
+	t.Run("task type", func(t *testing.T) {
+		locks, _ := newLocks(t)
+		h := Middleware(locks, On("id"))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+		err := h.ProcessTask(context.Background(), asynq.NewTask(big, []byte(`{}`)))
+		require.Error(t, err)
+		if msg := err.Error(); len(msg) > bound || !strings.Contains(msg, "…sha256:") {
+			t.Errorf("error text is %d bytes: %.300q; want at most %d, the type shortened", len(msg), msg, bound)
+		}
+	})
+}
+
+func TestShorten(t *testing.T) {
+	long := strings.Repeat("é", 80) // 160 bytes
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{`["pay","t1"]`, `["pay","t1"]`},
+		{strings.Repeat("a", maxShown), strings.Repeat("a", maxShown)},
+		{long, strings.Repeat("é", 32) + "…sha256:"},
+		{strings.Repeat("a", 63) + long, strings.Repeat("a", 63) + "…sha256:"}, // cut before a character, not inside it
+	}
+	for _, tt := range tests {
+		got := shorten(tt.in)
+		if len(tt.in) <= maxShown && got != tt.in || !strings.HasPrefix(got, tt.want) || len(got) > max(len(tt.in), 64+len("…sha256:")+12) {
+			t.Errorf("shorten(%.20q…) = %q, want %q + a 12-digit digest", tt.in, got, tt.want)
+		}
+	}
+	if a, b := shorten(strings.Repeat("a", 200)+"1"), shorten(strings.Repeat("a", 200)+"2"); a == b {
+		t.Errorf("shorten gives %q for two different long keys, want the digest to tell them apart", a)
+	}
+	for in, want := range map[string]string{"a\nb": `"a\nb"`, "a\xffb": `"a\xffb"`, `["é"]`: `["é"]`} {
+		if got := showKey(in); got != want {
+			t.Errorf("showKey(%q) = %s, want %s", in, got, want)
 		}
 	}
 }

@@ -68,20 +68,24 @@ func (p Policy) String() string {
 // the task after RetryIn plus jitter. The AfterFailure hook receives one for every
 // conflict, with RetryIn 0 under Skip and Fail.
 type LockedError struct {
-	Key     string        // the lock key the task needed
+	// Key is the lock key the task needed, whole: it may be long and hold payload
+	// values, so log Error()'s text, which shortens it, rather than Key.
+	Key     string
 	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
 
 	taskType, taskID string
 }
 
-// Error names the task and the key, and when the task will be tried again.
+// Error names the task and the key, shortened past 100 bytes (with a digest), and
+// the delay asked for. Only a server set up with Configure retries after RetryIn;
+// without it asynq's own backoff applies, and the text says so.
 func (e *LockedError) Error() string {
-	msg := fmt.Sprintf("asynqmutex: lock %s is held by another task", e.Key)
+	msg := "asynqmutex: lock " + showKey(e.Key) + " is held by another task"
 	if e.taskType != "" {
-		msg = fmt.Sprintf("asynqmutex: task %q%s: lock %s is held by another task", e.taskType, idSuffix(e.taskID), e.Key)
+		msg = fmt.Sprintf("asynqmutex: task %s%s: lock %s is held by another task", quoteShort(e.taskType), idSuffix(e.taskID), showKey(e.Key))
 	}
 	if e.RetryIn > 0 {
-		msg += fmt.Sprintf("; retry in %v", e.RetryIn)
+		msg += fmt.Sprintf("; retry in %v if the server uses asynqmutex.Configure", e.RetryIn)
 	}
 	return msg
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,7 @@ type config struct {
 	maxWait  time.Duration
 	policy   Policy
 	hook     func(context.Context, *asynq.Task, error)
+	logger   *slog.Logger // nil: slog.Default() at the time of logging
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -107,14 +109,30 @@ func OnConflict(p Policy) Option {
 
 // AfterFailure calls fn each time a task runs without its handler because the lock
 // was not obtained: the key was busy (err is a *LockedError), Redis could not be
-// reached, or no key could be derived from the task. It runs on the worker goroutine
-// before the middleware returns, so it should be quick; it must be safe for concurrent
-// use. By default nothing is called. AfterFailure panics if fn is nil.
+// reached, or no key could be derived from the task. It is not called for a lease lost
+// while the handler ran: the handler did run, and Logger hears of that. It runs on the
+// worker goroutine before the middleware returns, so it should be quick; it must be
+// safe for concurrent use. By default nothing is called. AfterFailure panics if fn is
+// nil.
 func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option {
 	if fn == nil {
 		panic("asynqmutex.AfterFailure: nil function")
 	}
 	return optionFunc(func(c *config) { c.hook = fn })
+}
+
+// Logger sets where the middleware logs what needs a person's attention: a lock lost
+// while its handler ran, at level Warn, which means another worker may have run a
+// task with the same key at the same time. A record names the task type and ID, the
+// key (shortened past 100 bytes, with a digest), whether the task completed, and
+// why the lock was lost; never a token or the payload. The default is slog.Default(),
+// looked up when a record is logged. l must be safe for concurrent use, as every
+// *slog.Logger is. Logger panics if l is nil.
+func Logger(l *slog.Logger) Option {
+	if l == nil {
+		panic("asynqmutex.Logger: nil *slog.Logger")
+	}
+	return optionFunc(func(c *config) { c.logger = l })
 }
 
 // Middleware returns asynq middleware that runs each task's handler under a Redis
@@ -126,8 +144,10 @@ func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option
 // while the lease is renewed every TTL/3; release; return the handler's result
 // untouched. When the lease is lost while the handler runs (Redis lost the key, or
 // could not be reached for a whole lease), the handler's context is cancelled and the
-// task fails with an error wrapping mutex.ErrNotHeld that says so. The handler's
-// fencing token is available through Fence.
+// loss is logged (see Logger). The handler's own result still decides: if it returns
+// nil the task completes, since its work is done and a second run could not undo an
+// overlap; if it returns an error, the task fails with an error wrapping both that
+// error and mutex.ErrNotHeld. The handler's fencing token is available through Fence.
 //
 // When the lock is not obtained the handler does not run: a busy key is handled by the
 // OnConflict policy and reported to AfterFailure; a Redis error is returned as an
@@ -199,17 +219,23 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	err = m.locks.WithLock(ctx, key, m.ttl, func(ctx context.Context) error {
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
-		return handlerErr
+		return nil // kept apart, so that err is only about the lock
 	}, wait...)
 
 	if ran {
 		m.conflicts.forget(id)
-		if errors.Is(err, mutex.ErrNotHeld) && !errors.Is(handlerErr, mutex.ErrNotHeld) {
-			return boundedError(fmt.Sprintf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, err)
+		if !errors.Is(err, mutex.ErrNotHeld) {
+			// A release Redis could not confirm needs no retry of the task: the key frees
+			// itself when its lease runs out.
+			return handlerErr
 		}
-		// A release Redis could not confirm needs no retry of the task: the key frees
-		// itself when its lease runs out.
-		return handlerErr
+		m.leaseLost(ctx, t, id, key, err, handlerErr)
+		if handlerErr == nil {
+			// The work is done: running it again would add a second run, not undo the
+			// overlap.
+			return nil
+		}
+		return boundedError(fmt.Sprintf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, errors.Join(err, handlerErr))
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
 		err = boundedError(fmt.Sprintf("asynqmutex: task %s%s: taking lock %s", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, err)
@@ -232,15 +258,40 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	return le
 }
 
+// leaseLost logs that the lock was lost while the handler ran: the one event that
+// needs a person, since another worker may have run a task with the same key
+// meanwhile, and AfterFailure is only for tasks whose handler did not run.
+func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, key string, err, handlerErr error) {
+	outcome := "completed: the handler returned nil"
+	if handlerErr != nil {
+		outcome = "failed: the handler returned an error"
+	}
+	logger := m.logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger.LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
+		slog.String("task_type", shorten(t.Type())),
+		slog.String("task_id", id),
+		slog.String("key", shorten(key)),
+		slog.String("task", outcome),
+		slog.String("error", boundedText(key, err)))
+}
+
 // boundedError returns an error whose text is msg, then cause's text with key
 // shortened wherever it appears in it, and which wraps cause.
 func boundedError(msg, key string, cause error) error {
-	text := cause.Error()
+	return &wrapError{msg: msg + ": " + boundedText(key, cause), err: cause}
+}
+
+// boundedText is err's text with key shortened wherever it appears in it.
+func boundedText(key string, err error) string {
+	text := err.Error()
 	if len(key) > maxShown {
 		text = strings.ReplaceAll(text, strconv.Quote(key), strconv.Quote(shorten(key)))
 		text = strings.ReplaceAll(text, key, shorten(key))
 	}
-	return &wrapError{msg: msg + ": " + text, err: cause}
+	return text
 }
 
 type wrapError struct {

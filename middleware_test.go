@@ -1,8 +1,10 @@
 package asynqmutex
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -236,6 +238,39 @@ func TestMiddlewareLeaseLost(t *testing.T) {
 	assert.True(t, IsFailure(err))
 }
 
+// TestMiddlewareLeaseLostAfterSuccess loses the lease while a handler runs that
+// then returns nil: the task completes, the loss is logged once at Warn with the
+// task and key but no token, and AfterFailure is not called.
+func TestMiddlewareLeaseLostAfterSuccess(t *testing.T) {
+	locks, m := newLocks(t)
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	var rec recorder
+	var token string
+	h := Middleware(locks, TTL(30*time.Millisecond), Logger(logger), AfterFailure(rec.hook))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		l, _ := mutex.FromContext(ctx)
+		token = l.Token()
+		m.Del(`asynqmutex:{["pay"]}`)
+		select {
+		case <-ctx.Done(): // the loss is noticed while the handler runs
+		case <-time.After(30 * time.Second):
+			t.Error("the handler's context was not cancelled when its lease was lost")
+		}
+		return nil // its work was done
+	}))
+	ctx := context.Background()
+	err := h.ProcessTask(ctx, asynq.NewTask("pay", nil))
+	assert.NoError(t, err, "a handler's nil stands when the lease was lost")
+	assert.Empty(t, rec.got(), "AfterFailure is for tasks that did not run")
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "\n"), "one log record: %s", out)
+	for _, want := range []string{"level=WARN", "lock lost while the handler ran", "task_type=pay", `key="[\"pay\"]"`, "handler returned nil", "not held"} {
+		assert.Contains(t, out, want)
+	}
+	require.NotEmpty(t, token)
+	assert.NotContains(t, out, token, "tokens never appear in logs")
+}
+
 func TestConflictBackoff(t *testing.T) {
 	var c conflicts
 	c.seen = make(map[string]conflict)
@@ -299,6 +334,7 @@ func TestOptionPanics(t *testing.T) {
 		{"RetryLater", "asynqmutex.RetryLater", func() { RetryLater(time.Millisecond) }},
 		{"OnConflict", "asynqmutex.OnConflict", func() { OnConflict(Policy(0)) }},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
+		{"Logger", "asynqmutex.Logger", func() { Logger(nil) }},
 		{"nil handler", "asynqmutex.Middleware", func() { Middleware(locks)(nil) }},
 	}
 	for _, tt := range tests {

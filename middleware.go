@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,25 @@ import (
 // asynq's own lease on an active task, so a worker that dies frees its key about when
 // asynq hands its task to another worker.
 const DefaultTTL = 30 * time.Second
+
+// DeadlineMargin is how long before a task's deadline (asynq's Timeout or Deadline
+// option; 30 minutes by default) a wait for a busy key ends, however long MaxWait is.
+// The policy's result must reach asynq before the deadline does: past it, asynq
+// records "context deadline exceeded" as a failure, spends a retry, and archives the
+// task once its retries are used up. A task with less than this left tries the key
+// once.
+const DeadlineMargin = 500 * time.Millisecond
+
+// LastTryWait is how long at least a task with no retry left waits for a busy key
+// under RetryLater: a task with MaxRetry(0), or whose retries real failures used up.
+// asynq archives such a task for any error it returns, contention included, so it
+// waits for the key instead, up to the longer of MaxWait and LastTryWait (which
+// matches DefaultTTL, the longest a crashed holder keeps a key), ending
+// DeadlineMargin before its deadline. If the key is still busy then, the task is
+// archived with an error saying the key was busy and that it had no retry left,
+// wrapping a *LockedError and asynq.SkipRetry; run it again from the archive
+// (asynq.Inspector.RunTask) once the key is free.
+const LastTryWait = 30 * time.Second
 
 // Option configures Middleware. Options follow asynq's style: On("id"), TTL(d).
 type Option interface{ apply(*config) }
@@ -88,8 +108,10 @@ func TTL(d time.Duration) Option {
 // MaxWait makes a task whose key is busy wait up to d for it, woken the moment the
 // holder releases it, before the OnConflict policy applies. The default is 0: the
 // policy applies at once. A waiting task occupies one of the server's worker slots,
-// so MaxWait suits keys held briefly; RetryLater suits keys held long. MaxWait panics
-// if d is negative.
+// so MaxWait suits keys held briefly; RetryLater suits keys held long. The wait ends
+// DeadlineMargin before the task's own deadline (asynq's Timeout or Deadline) if that
+// comes first, so that the policy, not the deadline, decides what happens to the
+// task. MaxWait panics if d is negative.
 func MaxWait(d time.Duration) Option {
 	if d < 0 {
 		panic(fmt.Sprintf("asynqmutex.MaxWait: negative wait %v", d))
@@ -205,12 +227,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return err
 	}
 
-	wait := []mutex.LockOption{mutex.MaxWait(m.maxWait)}
-	if m.policy != Skip && m.policy != Fail && lastTry(ctx) {
-		// Any error now would archive the task, contention included: wait for the key
-		// instead, as long as the task's own deadline allows.
-		wait = nil
-	}
+	wait, lastTry := m.wait(ctx)
 
 	var (
 		ran        bool
@@ -220,7 +237,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
 		return nil // kept apart, so that err is only about the lock
-	}, wait...)
+	}, mutex.MaxWait(wait))
 
 	if ran {
 		m.conflicts.forget(id)
@@ -252,10 +269,41 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		m.failed(ctx, t, le)
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
+	if lastTry {
+		le.waited, le.archived = wait, true
+		m.failed(ctx, t, le)
+		return &wrapError{msg: le.Error(), err: errors.Join(le, asynq.SkipRetry)}
+	}
 	n := m.conflicts.add(id)
-	le.RetryIn = time.Duration(m.policy) << min(n-1, 4)
+	le.RetryIn = backoff(time.Duration(m.policy), n)
 	m.failed(ctx, t, le)
 	return le
+}
+
+// wait returns how long the task may wait for a busy key: MaxWait, or at least
+// LastTryWait when the task has no retry left under RetryLater (lastTry), and in
+// any case ending DeadlineMargin before the task's deadline.
+func (m *middleware) wait(ctx context.Context) (wait time.Duration, lastTry bool) {
+	wait = m.maxWait
+	if m.policy != Skip && m.policy != Fail && noRetryLeft(ctx) {
+		wait, lastTry = max(wait, LastTryWait), true
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline)-DeadlineMargin)
+	}
+	return max(wait, 0), lastTry
+}
+
+// backoff is d doubled for each conflict after the first, up to 16·d, and never
+// past the largest Duration.
+func backoff(d time.Duration, conflicts int) time.Duration {
+	for range min(conflicts-1, 4) {
+		if d > math.MaxInt64/2 {
+			return math.MaxInt64
+		}
+		d *= 2
+	}
+	return d
 }
 
 // leaseLost logs that the lock was lost while the handler ran: the one event that
@@ -358,9 +406,9 @@ func (m *middleware) failed(ctx context.Context, t *asynq.Task, err error) {
 	}
 }
 
-// lastTry reports whether asynq would archive the task for any error it returns now:
-// asynq compares the retry count with MaxRetry before it asks IsFailure.
-func lastTry(ctx context.Context) bool {
+// noRetryLeft reports whether asynq would archive the task for any error it returns
+// now: asynq compares the retry count with MaxRetry before it asks IsFailure.
+func noRetryLeft(ctx context.Context) bool {
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	return ok1 && ok2 && retried >= maxRetry

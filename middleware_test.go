@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -162,6 +163,52 @@ func TestMiddlewareMaxWaitWokenByRelease(t *testing.T) {
 		require.NoError(t, err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("waiting task not woken by the release")
+	}
+}
+
+// TestMiddlewareWaitEndsBeforeDeadline gives a task less time before its deadline
+// than MaxWait: the wait ends early enough for the policy's result to come back,
+// not the deadline's error.
+func TestMiddlewareWaitEndsBeforeDeadline(t *testing.T) {
+	locks, _ := newLocks(t)
+	holder, err := locks.TryLock(context.Background(), `["pay"]`, time.Hour)
+	require.NoError(t, err)
+	defer holder.Unlock(context.Background())
+	var rec recorder
+	h := Middleware(locks, MaxWait(time.Hour), AfterFailure(rec.hook))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		t.Error("the handler ran without the lock")
+		return nil
+	}))
+	for _, left := range []time.Duration{DeadlineMargin + 300*time.Millisecond, DeadlineMargin / 2, -time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		err := h.ProcessTask(ctx, asynq.NewTask("pay", nil))
+		cancel()
+		var le *LockedError
+		if left > 0 {
+			assert.True(t, errors.As(err, &le), "%v before the deadline: got %v, want a *LockedError", left, err)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded)
+		} else {
+			assert.ErrorIs(t, err, context.DeadlineExceeded, "a task already past its deadline")
+		}
+	}
+	assert.Len(t, rec.got(), 3)
+}
+
+func TestBackoff(t *testing.T) {
+	for _, tt := range []struct {
+		d    time.Duration
+		n    int
+		want time.Duration
+	}{
+		{time.Second, 1, time.Second},
+		{time.Second, 2, 2 * time.Second},
+		{time.Second, 5, 16 * time.Second},
+		{time.Second, 100, 16 * time.Second},
+		{math.MaxInt64 / 3, 3, math.MaxInt64},
+	} {
+		if got := backoff(tt.d, tt.n); got != tt.want {
+			t.Errorf("backoff(%v, %d) = %v, want %v", tt.d, tt.n, got, tt.want)
+		}
 	}
 }
 

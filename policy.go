@@ -32,13 +32,14 @@ const DefaultRetryDelay = 5 * time.Second
 // RetryLater returns the task to asynq to run again after about d without spending
 // its retries: the handler returns a *LockedError with RetryIn = d, doubled for each
 // further conflict of the same task up to 16·d. With Configure, asynq does not count
-// a LockedError as a failure (the retry counter stays as it was and the task is never
-// archived for contention) and RetryDelay adds jitter. Without Configure it is an
-// ordinary error that spends a retry.
+// a LockedError as a failure (the retry counter stays as it was) and RetryDelay adds
+// jitter. Without Configure it is an ordinary error that spends a retry, and asynq's
+// own backoff (DefaultRetryDelayFunc), not RetryIn, sets the delay.
 //
 // A task that has no retry left (MaxRetry(0), or retries used up by real failures)
 // would be archived by asynq for any error, so for it the middleware waits for the key
-// instead, until the task's own deadline.
+// instead, up to LastTryWait (or MaxWait if longer), and archives it with an error
+// saying the key was busy if it still is.
 //
 // RetryLater suits keys held for long; for hot keys held briefly prefer MaxWait, whose
 // waiters are woken the moment the key is released. RetryLater panics if d < 1s,
@@ -74,6 +75,8 @@ type LockedError struct {
 	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
 
 	taskType, taskID string
+	waited           time.Duration // with archived: how long the task waited
+	archived         bool          // the task had no retry left: asynq archives it
 }
 
 // Error names the task and the key, shortened past 100 bytes (with a digest), and
@@ -84,7 +87,10 @@ func (e *LockedError) Error() string {
 	if e.taskType != "" {
 		msg = fmt.Sprintf("asynqmutex: task %s%s: lock %s is held by another task", quoteShort(e.taskType), idSuffix(e.taskID), showKey(e.Key))
 	}
-	if e.RetryIn > 0 {
+	switch {
+	case e.archived:
+		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
+	case e.RetryIn > 0:
 		msg += fmt.Sprintf("; retry in %v if the server uses asynqmutex.Configure", e.RetryIn)
 	}
 	return msg

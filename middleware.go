@@ -416,7 +416,8 @@ func noRetryLeft(ctx context.Context) bool {
 
 // conflicts counts, per task ID, the conflicts a task met in this process, to back off
 // RetryLater. asynq cannot count them: a busy key is not a failure, so the retry count
-// it passes on stays the same. Entries expire, and the map is bounded.
+// it passes on stays the same, and a handler cannot change what asynq stores with the
+// task. Entries expire, and the map is bounded (see RetryLater).
 type conflicts struct {
 	mu   sync.Mutex
 	seen map[string]conflict

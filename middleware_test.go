@@ -378,7 +378,8 @@ func TestOptionPanics(t *testing.T) {
 		}},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
 		{"MaxWait", "asynqmutex.MaxWait", func() { MaxWait(-time.Second) }},
-		{"RetryLater", "asynqmutex.RetryLater", func() { RetryLater(time.Millisecond) }},
+		{"RetryLater zero", "asynqmutex.RetryLater", func() { RetryLater(0) }},
+		{"RetryLater negative", "asynqmutex.RetryLater", func() { RetryLater(-time.Second) }},
 		{"OnConflict", "asynqmutex.OnConflict", func() { OnConflict(Policy(0)) }},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
 		{"Logger", "asynqmutex.Logger", func() { Logger(nil) }},
@@ -393,6 +394,21 @@ func TestOptionPanics(t *testing.T) {
 			}()
 			tt.f()
 		})
+	}
+}
+
+func TestRetryLaterRoundsUp(t *testing.T) {
+	for d, want := range map[time.Duration]time.Duration{
+		time.Nanosecond:         time.Second,
+		500 * time.Millisecond:  time.Second,
+		time.Second:             time.Second,
+		1500 * time.Millisecond: 2 * time.Second,
+		time.Minute:             time.Minute,
+		math.MaxInt64:           math.MaxInt64,
+	} {
+		if got := time.Duration(RetryLater(d)); got != want {
+			t.Errorf("RetryLater(%v) = %v, want %v", d, got, want)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package asynqmutex
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/asynqmutex/asynqmutex/mutex"
@@ -41,12 +42,23 @@ const DefaultRetryDelay = 5 * time.Second
 // instead, up to LastTryWait (or MaxWait if longer), and archives it with an error
 // saying the key was busy if it still is.
 //
+// The conflicts behind the doubling are counted per task ID in the memory of the
+// worker process, for an hour after the last one and for at most 100,000 tasks at a
+// time (then all counts restart): asynq keeps no count of them, since a busy key is
+// not a failure. A task that moves to another worker, or meets a restarted one,
+// starts again from d.
+//
+// asynq keeps retry times in whole seconds, so d is rounded up to a whole number of
+// seconds, at least 1s: RetryLater(500*time.Millisecond) is RetryLater(time.Second).
 // RetryLater suits keys held for long; for hot keys held briefly prefer MaxWait, whose
-// waiters are woken the moment the key is released. RetryLater panics if d < 1s,
-// below asynq's resolution.
+// waiters are woken the moment the key is released. RetryLater panics if d is zero or
+// negative, which has no meaning as a delay.
 func RetryLater(d time.Duration) Policy {
-	if d < time.Second {
-		panic(fmt.Sprintf("asynqmutex.RetryLater: delay %v is below asynq's one-second resolution", d))
+	if d <= 0 {
+		panic(fmt.Sprintf("asynqmutex.RetryLater: delay %v is not positive", d))
+	}
+	if r := d.Truncate(time.Second); r < d && r <= math.MaxInt64-time.Second {
+		d = r + time.Second
 	}
 	return Policy(d)
 }

@@ -101,7 +101,6 @@ loop:
 func TestLeaseLostCancelsHandler(t *testing.T) {
 	t.Parallel()
 	const ttl = 600 * time.Millisecond
-	ctx := context.Background()
 	e := newEnv(t)
 	key := lockKey(t, "ledger", "l7")
 	rkey := redisLockKey(t, key)
@@ -127,15 +126,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		})))
 	task := e.enqueue(t, "ledger", payload(t, map[string]string{"id": "l7"}), asynq.MaxRetry(0), asynq.Retention(time.Hour))
 
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("handler did not start within 10s")
-	}
-	// The key is where the mutex package documents it; deleting it is losing it.
-	if n, err := e.rdb.Del(ctx, rkey).Result(); err != nil || n != 1 {
-		t.Fatalf("DEL %s = %d, %v; want 1 (the lock key as documented)", rkey, n, err)
-	}
+	e.loseLease(t, started, rkey)
 	deleted := time.Now()
 	select {
 	case err := <-cause:
@@ -173,7 +164,6 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 func TestLeaseLostAfterSuccessCompletes(t *testing.T) {
 	t.Parallel()
 	const ttl = 600 * time.Millisecond
-	ctx := context.Background()
 	e := newEnv(t)
 	key := lockKey(t, "capture", "c9")
 	rkey := redisLockKey(t, key)
@@ -198,14 +188,7 @@ func TestLeaseLostAfterSuccessCompletes(t *testing.T) {
 		})))
 	task := e.enqueue(t, "capture", payload(t, map[string]string{"id": "c9"}), asynq.MaxRetry(3), asynq.Retention(time.Hour))
 
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("handler did not start within 10s")
-	}
-	if n, err := e.rdb.Del(ctx, rkey).Result(); err != nil || n != 1 {
-		t.Fatalf("DEL %s = %d, %v; want 1 (the lock key as documented)", rkey, n, err)
-	}
+	e.loseLease(t, started, rkey)
 	info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateCompleted, 15*time.Second)
 	if info.Retried != 0 || info.LastErr != "" {
 		t.Errorf("completed task: %s; want Retried 0 and no error", describeTask(info))
@@ -223,6 +206,20 @@ func TestLeaseLostAfterSuccessCompletes(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("log = %q, want it to contain %q", out, want)
 		}
+	}
+}
+
+// loseLease waits for the handler to say it started, then deletes its lock key, rkey,
+// where the mutex package documents it: the handler's lease is lost under it.
+func (e *env) loseLease(t *testing.T, started <-chan struct{}, rkey string) {
+	t.Helper()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start within 10s")
+	}
+	if n, err := e.rdb.Del(context.Background(), rkey).Result(); err != nil || n != 1 {
+		t.Fatalf("DEL %s = %d, %v; want 1 (the lock key as documented)", rkey, n, err)
 	}
 }
 

@@ -81,8 +81,9 @@ func validateFields(fn string, fields []string) {
 // refused, since encoding/json would read it as U+FFFD, as it does a real
 // U+FFFD. Objects and arrays are refused too: KeyBy can derive keys from them.
 //
-// The work is linear in the payload's size, and the memory it takes is at most
-// about twice the size of the field values, whatever the payload holds:
+// The work is linear in the payload's size, and the memory it takes is under
+// three times the size of the field values' JSON text (the key, and for a string
+// with escapes encoding/json's unescaped copy), whatever else the payload holds:
 // encoding/json checks the payload, and only the objects on the fields' paths
 // are walked. The payload must be a JSON object and every field must be
 // present; for duplicate names the last one wins, as in encoding/json. A path

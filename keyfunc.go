@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -138,8 +137,8 @@ func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
 			b.Write(v) // a number as written, true, false or null
 			continue
 		}
-		if err := writeJSONString(&b, v); err != nil {
-			return "", &keyError{taskType: typ, field: k.fields[i], msg: err.Error()}
+		if refused := writeJSONString(&b, v); refused != "" {
+			return "", &keyError{taskType: typ, field: k.fields[i], msg: refused}
 		}
 	}
 	b.WriteByte(']')
@@ -333,25 +332,25 @@ func describeKind(kind string) string {
 }
 
 // writeJSONString writes the canonical text of the JSON string text tok, or
-// returns why it has none.
-func writeJSONString(b *strings.Builder, tok []byte) error {
+// returns why it has none (to follow the field's name in an error).
+func writeJSONString(b *strings.Builder, tok []byte) (refused string) {
 	if !utf8.Valid(tok) {
-		return errors.New(" is a string that is not valid UTF-8; On takes UTF-8 strings (derive other keys with KeyBy)")
+		return " is a string that is not valid UTF-8; On takes UTF-8 strings (derive other keys with KeyBy)"
 	}
 	raw := tok[1 : len(tok)-1]
 	if bytes.IndexByte(raw, '\\') < 0 {
 		b.Write(tok) // no escapes, and JSON allows no control characters: canonical as it is
-		return nil
+		return ""
 	}
 	if loneSurrogate(raw) {
-		return errors.New(` is a string with an unpaired surrogate escape such as \ud800; On takes strings of Unicode characters (derive other keys with KeyBy)`)
+		return ` is a string with an unpaired surrogate escape such as \ud800; On takes strings of Unicode characters (derive other keys with KeyBy)`
 	}
 	var s string
 	if err := json.Unmarshal(tok, &s); err != nil {
-		return err // cannot happen: the payload is valid JSON
+		return ": " + err.Error() // cannot happen: the payload is valid JSON
 	}
 	writeString(b, s)
-	return nil
+	return ""
 }
 
 // loneSurrogate reports whether the text between a JSON string's quotes holds a
@@ -379,7 +378,7 @@ func loneSurrogate(raw []byte) bool {
 			case c <= '9':
 				r |= rune(c - '0')
 			default:
-				r |= rune(c|0x20-'a') + 10
+				r |= rune((c|0x20)-'a') + 10
 			}
 		}
 		i += 4

@@ -33,6 +33,10 @@ func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 // (a *LockedError) is not a failure and is retried after its RetryIn. Functions
 // already set in cfg keep deciding for every other error. Use it when building the
 // server: asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{...})).
+//
+// Configure leaves cfg.ErrorHandler alone, and asynq calls it for every error a
+// handler returns, each busy key's *LockedError included. To report real failures
+// only, skip those: var le *asynqmutex.LockedError; if errors.As(err, &le) { return }.
 func Configure(cfg asynq.Config) asynq.Config {
 	isFailure, retryDelay := cfg.IsFailure, cfg.RetryDelayFunc
 	cfg.IsFailure = func(err error) bool {

@@ -5,18 +5,21 @@
 // Middleware derives a lock key from the task type and selected JSON payload fields
 // (On("transaction_id")), takes a Redis lock (package mutex) before the handler runs,
 // renews it while the handler works, and releases it afterwards. When the key is busy
-// the task waits up to MaxWait, woken the moment the key is released, and then the
-// OnConflict policy applies:
+// the task waits up to MaxWait (ending before the task's deadline, see DeadlineMargin),
+// woken the moment the key is released, and then the OnConflict policy applies:
 //
 //   - RetryLater(d), the default: the task returns to asynq and runs again after about
 //     d. With Configure, asynq does not count this as a failure, so contention never
-//     spends a task's retries or archives it.
+//     spends a task's retries. A task with no retry left waits for the key instead (see
+//     LastTryWait), and is archived, saying why, only if it stays busy.
 //   - Skip: the task completes without running.
 //   - Fail: an ordinary error; asynq retries it with its normal backoff.
 //
 // AfterFailure is called each time a task does not get its lock. A payload the key
-// cannot be derived from (not JSON, a field missing) archives the task at once with an
-// error naming the field: it is never run unlocked, retried in a loop, or lost.
+// cannot be derived from (not JSON, a field missing or not a scalar) archives the task
+// at once with an error naming the field: it is never run unlocked, retried in a loop,
+// or lost. A lease lost while the handler runs is logged (see Logger); the handler's
+// own result decides the task's fate.
 //
 // Quick start:
 //

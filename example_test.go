@@ -176,6 +176,28 @@ func ExampleConfigure() {
 	// busy key retried after RetryIn plus jitter: true
 }
 
+// asynq calls Config.ErrorHandler for every error a handler returns, the
+// *LockedError of each busy key included, with Configure too. errors.As tells them
+// apart, to report only real failures.
+func ExampleConfigure_errorHandler() {
+	cfg := asynqmutex.Configure(asynq.Config{
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			var le *asynqmutex.LockedError
+			if errors.As(err, &le) {
+				return // a busy key: the task runs again later; nothing failed
+			}
+			fmt.Println("task failed:", err)
+		}),
+	})
+
+	task := asynq.NewTask("payment:capture", nil)
+	cfg.ErrorHandler.HandleError(context.Background(), task, &asynqmutex.LockedError{Key: `["payment:capture","tx-1"]`, RetryIn: 5 * time.Second})
+	cfg.ErrorHandler.HandleError(context.Background(), task, errors.New("card declined"))
+
+	// Output:
+	// task failed: card declined
+}
+
 // The resource checks the fencing token, so a worker that lost its lock while
 // paused cannot overwrite what a later holder wrote.
 func ExampleFence() {

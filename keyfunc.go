@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
@@ -21,32 +19,32 @@ import (
 // A KeyFunc must be deterministic (the same task gives the same key in every
 // worker process, on every machine, after every deploy) and safe for
 // concurrent use: the middleware calls it from every worker goroutine. If it
-// returns an error, the task does not run: the middleware wraps the error with
-// asynq.SkipRetry, so asynq archives the task at once, where it can be
-// inspected and run again.
+// returns an error, or an empty key, the task does not run: the middleware
+// wraps the error with asynq.SkipRetry, so asynq archives the task at once,
+// where it can be inspected and run again.
 //
 // Keys of any length are fine: the lock package digests long keys and escapes
 // the characters Redis Cluster gives meaning to, so a key may hold any bytes.
+// Error texts and logs show a key longer than 100 bytes shortened, with a
+// digest.
 //
 // The key On(fields...) derives is the compact JSON array text of the task
 // type followed by each field's value, for example ["payment:capture","c-42"];
 // without On or KeyBy the key is the task type alone, ["payment:capture"].
-// Values compare as JSON text, not as what they mean to the program: 1, 1.0
-// and "1" give three different keys, while "\u0041" and "A", or objects that
-// differ only in key order, give one. Keys returned by a KeyBy function share
-// this key space, so a custom key should not look like a JSON array, or it may
-// contend with the tasks of another type that uses On.
+// Keys returned by a KeyBy function share this key space, so a custom key
+// should not look like a JSON array, or it may contend with the tasks of
+// another type that uses On.
 type KeyFunc func(ctx context.Context, t *asynq.Task) (string, error)
 
 // taskTypeKey is the key when neither On nor KeyBy is given: the task type
 // alone, as the one-element JSON array ["type"].
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) {
-	typ := t.Type()
-	b := make([]byte, 0, len(typ)+4)
-	b = append(b, '[')
-	b = appendString(b, typ)
-	b = append(b, ']')
-	return string(b), nil
+	var b strings.Builder
+	b.Grow(len(t.Type()) + 4)
+	b.WriteByte('[')
+	writeString(&b, t.Type())
+	b.WriteByte(']')
+	return b.String(), nil
 }
 
 // validateFields panics if a field name given to fn (the exported function's full
@@ -65,128 +63,126 @@ func validateFields(fn string, fields []string) {
 }
 
 // fieldsKey returns the KeyFunc of On(fields...): the compact JSON array text
-// [type, v1, v2, ...] where each vi is the canonical JSON text of the payload
-// field fields[i] ("customer.id" is the field id of the object customer).
+// [type, v1, v2, ...] where each vi is the canonical text of the payload field
+// fields[i] ("customer.id" is the field id of the object customer).
 //
-// The encoding is injective: a JSON array text parses one way only, so two
-// tasks share a key exactly when their types are equal and each field's value
-// is the same JSON value. "Same" means JSON identity: 1 and "1" differ, as do
-// 1 and 1.0 (numbers keep the text they were written with, so integer IDs
-// above 2^53 never collide); null, true and false are values like any other; a
-// string's escapes do not matter ("\u0041" is "A"); an object's key order and
-// whitespace do not matter. Strings that are not valid UTF-8 keep their bytes,
-// so payloads differing only in invalid bytes never collide.
+// A field's value must be a scalar: a string, a number, true, false or null.
+// Strings are written as RFC 8785 (JSON Canonicalization Scheme) writes them:
+// only '"', '\\' and control characters are escaped, so "\u0041" and "A" are
+// one value. Numbers keep the text they were written with, so 1 and 1.0 differ
+// and integer IDs above 2^53 never collide; 1 and "1" differ too. The task type
+// is written the same way, except that bytes that are not UTF-8 are kept as
+// they are.
 //
-// The payload must be a JSON object and every field must be present (null is
-// a value, a missing field is an error). A path segment cannot name a key that
-// itself contains a dot. fields must have passed validateFields.
+// The encoding is injective: the key parses as a JSON array whose elements are
+// exactly the type and the field values. To keep it so, a string that is not
+// valid UTF-8 or holds an unpaired surrogate escape such as "\ud800" is
+// refused, since encoding/json would read it as U+FFFD, as it does a real
+// U+FFFD. Objects and arrays are refused too: KeyBy can derive keys from them.
+//
+// The work is linear in the payload's size, and the memory it takes is under
+// three times the size of the field values' JSON text (the key, and for a string
+// with escapes encoding/json's unescaped copy), whatever else the payload holds:
+// encoding/json checks the payload, and only the objects on the fields' paths
+// are walked. The payload must be a JSON object and every field must be
+// present; for duplicate names the last one wins, as in encoding/json. A path
+// segment cannot name a member whose name itself contains a dot. fields must
+// have passed validateFields.
 func fieldsKey(fields []string) KeyFunc {
 	if len(fields) == 0 {
 		return taskTypeKey
 	}
 	k := &fieldKeyer{fields: slices.Clone(fields)}
-	prefixID := make(map[string]int)
-	counts := make(map[string]int)
 	for _, f := range k.fields {
-		for i := range len(f) {
-			if f[i] == '.' {
-				counts[f[:i]]++
-			}
-		}
+		k.paths = append(k.paths, strings.Split(f, "."))
 	}
-	for _, f := range k.fields {
-		p := fieldPath{segs: strings.Split(f, ".")}
-		p.prefix = make([]int, len(p.segs)-1)
-		for j := range p.prefix {
-			pre := strings.Join(p.segs[:j+1], ".")
-			if counts[pre] < 2 {
-				p.prefix[j] = -1 // no other field passes through here: no cache
-				continue
-			}
-			id, ok := prefixID[pre]
-			if !ok {
-				id = len(prefixID)
-				prefixID[pre] = id
-			}
-			p.prefix[j] = id
-		}
-		k.paths = append(k.paths, p)
-	}
-	k.shared = len(prefixID)
 	return k.key
 }
 
 type fieldKeyer struct {
 	fields []string
-	paths  []fieldPath
-	shared int // number of object prefixes that several fields pass through
-}
-
-type fieldPath struct {
-	segs []string
-	// prefix[j] is the cache slot of the object segs[:j+1] names, or -1
-	// when only this field goes through it.
-	prefix []int
+	paths  [][]string
 }
 
 func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
-	typ := t.Type()
-	payload := t.Payload()
-
-	root, err := decodeObject(payload)
-	if err != nil {
-		return "", &keyError{taskType: typ, unread: k.fields, msg: err.Error(), err: err}
+	typ, payload := t.Type(), t.Payload()
+	if !json.Valid(payload) {
+		msg, err := invalidPayload(payload)
+		return "", &keyError{taskType: typ, unread: k.fields, msg: msg, err: err}
 	}
-	var cache []map[string]json.RawMessage
-	if k.shared > 0 {
-		cache = make([]map[string]json.RawMessage, k.shared)
+	root := skipSpace(payload)
+	if kind := kindOf(root); kind != "object" {
+		return "", &keyError{taskType: typ, unread: k.fields, msg: "payload is " + describeKind(kind) + ", not a JSON object"}
 	}
 
-	b := make([]byte, 0, len(typ)+16*len(k.paths)+8)
-	b = append(b, '[')
-	b = appendString(b, typ)
-	for i, p := range k.paths {
-		obj := root
-		for j, seg := range p.segs[:len(p.segs)-1] {
-			if id := p.prefix[j]; id >= 0 && cache[id] != nil {
-				obj = cache[id]
-				continue
-			}
-			raw, ok := obj[seg]
-			if !ok {
-				return "", k.missing(typ, i)
-			}
-			if kind := kindOf(raw); kind != "object" {
-				return "", &keyError{
-					taskType: typ, field: k.fields[i],
-					msg: fmt.Sprintf("%q is %s, not an object", strings.Join(p.segs[:j+1], "."), describeKind(kind)),
-				}
-			}
-			next, err := decodeObject(raw)
-			if err != nil { // cannot happen: the payload was checked whole
-				return "", &keyError{taskType: typ, field: k.fields[i], msg: err.Error(), err: err}
-			}
-			if id := p.prefix[j]; id >= 0 {
-				cache[id] = next
-			}
-			obj = next
+	var stack [4][]byte
+	values := stack[:0]
+	size := len(typ) + 4 // the brackets and quotes; a type that needs escapes grows b
+	for i := range k.paths {
+		v, err := k.lookup(typ, root, i)
+		if err != nil {
+			return "", err
 		}
-		raw, ok := obj[p.segs[len(p.segs)-1]]
-		if !ok {
-			return "", k.missing(typ, i)
+		values = append(values, v)
+		size += 1 + len(v) // a value's canonical text is never longer than its JSON text
+	}
+
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteByte('[')
+	writeString(&b, typ)
+	for i, v := range values {
+		b.WriteByte(',')
+		if v[0] != '"' {
+			b.Write(v) // a number as written, true, false or null
+			continue
 		}
-		b = append(b, ',')
-		b, err = appendValue(b, raw)
-		if err != nil { // cannot happen: the payload was checked whole
-			return "", &keyError{taskType: typ, field: k.fields[i], msg: err.Error(), err: err}
+		if refused := writeJSONString(&b, v); refused != "" {
+			return "", &keyError{taskType: typ, field: k.fields[i], msg: refused}
 		}
 	}
-	b = append(b, ']')
-	return string(b), nil
+	b.WriteByte(']')
+	return b.String(), nil
 }
 
-func (k *fieldKeyer) missing(typ string, i int) error {
-	return &keyError{taskType: typ, field: k.fields[i], missing: true}
+// lookup returns the JSON text of field i in the object obj, a valid JSON
+// object, or an error if it is missing or not a scalar.
+func (k *fieldKeyer) lookup(typ string, obj []byte, i int) ([]byte, error) {
+	segs := k.paths[i]
+	v := obj
+	for j, seg := range segs {
+		if j > 0 {
+			if kind := kindOf(v); kind != "object" {
+				return nil, &keyError{
+					taskType: typ, field: k.fields[i],
+					msg: fmt.Sprintf(": %q is %s, not an object", strings.Join(segs[:j], "."), describeKind(kind)),
+				}
+			}
+		}
+		var ok bool
+		if v, ok = member(v, seg); !ok {
+			return nil, &keyError{taskType: typ, field: k.fields[i], missing: true}
+		}
+	}
+	switch kind := kindOf(v); kind {
+	case "object", "array":
+		return nil, &keyError{
+			taskType: typ, field: k.fields[i],
+			msg: " is " + describeKind(kind) + "; On takes strings, numbers, booleans and null (derive other keys with KeyBy)",
+		}
+	}
+	return v, nil
+}
+
+// invalidPayload says what is wrong with data, which is not valid JSON, and
+// returns encoding/json's error for it.
+func invalidPayload(data []byte) (string, error) {
+	var v struct{}
+	err := json.Unmarshal(data, &v)
+	if len(skipSpace(data)) == 0 {
+		return "payload is empty, not a JSON object", err
+	}
+	return "payload is not a JSON object: " + err.Error(), err
 }
 
 // keyError is why a key could not be derived from a task. It never quotes
@@ -201,9 +197,10 @@ type keyError struct {
 }
 
 func (e *keyError) Error() string {
+	typ := quoteShort(e.taskType)
 	if e.field == "" {
 		if len(e.unread) == 0 {
-			return fmt.Sprintf("asynqmutex: task %q: %s", e.taskType, e.msg)
+			return fmt.Sprintf("asynqmutex: task %s: %s", typ, e.msg)
 		}
 		quoted := make([]string, len(e.unread))
 		for i, f := range e.unread {
@@ -213,39 +210,97 @@ func (e *keyError) Error() string {
 		if len(quoted) > 1 {
 			noun = "fields"
 		}
-		return fmt.Sprintf("asynqmutex: task %q: %s %s not readable: %s", e.taskType, noun, strings.Join(quoted, ", "), e.msg)
+		return fmt.Sprintf("asynqmutex: task %s: %s %s not readable: %s", typ, noun, strings.Join(quoted, ", "), e.msg)
 	}
 	if e.missing {
-		return fmt.Sprintf("asynqmutex: task %q: field %q missing from payload", e.taskType, e.field)
+		return fmt.Sprintf("asynqmutex: task %s: field %q missing from payload", typ, e.field)
 	}
-	return fmt.Sprintf("asynqmutex: task %q: field %q: %s", e.taskType, e.field, e.msg)
+	return fmt.Sprintf("asynqmutex: task %s: field %q%s", typ, e.field, e.msg)
 }
 
 func (e *keyError) Unwrap() error { return e.err }
 
-// decodeObject decodes one level of a JSON object. encoding/json checks the
-// whole text first, so nested values are valid JSON afterwards.
-func decodeObject(data []byte) (map[string]json.RawMessage, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(data, &m); err != nil {
-		if len(bytes.TrimLeft(data, " \t\r\n")) == 0 {
-			return nil, errors.New("payload is empty, not a JSON object")
+// member returns the JSON text of the value of the last member called name in
+// obj, the text of a valid JSON object.
+func member(obj []byte, name string) (val []byte, ok bool) {
+	i := 1 // after '{'
+	for {
+		i = skipSpaceAt(obj, i)
+		if obj[i] == '}' {
+			return val, ok
 		}
-		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) && json.Valid(data) {
-			return nil, fmt.Errorf("payload is %s, not a JSON object", describeKind(kindOf(data)))
+		end := endOfValue(obj, i)
+		key := obj[i:end]
+		i = skipSpaceAt(obj, end) + 1 // after ':'
+		i = skipSpaceAt(obj, i)
+		end = endOfValue(obj, i)
+		if keyIs(key, name) {
+			val, ok = obj[i:end], true
 		}
-		return nil, fmt.Errorf("payload is not a JSON object: %w", err)
+		i = skipSpaceAt(obj, end)
+		if obj[i] == '}' {
+			return val, ok
+		}
+		i++ // after ','
 	}
-	if m == nil { // the payload was null, which Unmarshal accepts as a nil map
-		return nil, errors.New("payload is null, not a JSON object")
-	}
-	return m, nil
 }
 
-// kindOf names the kind of the valid JSON value data holds.
+// keyIs reports whether the JSON string text key names name.
+func keyIs(key []byte, name string) bool {
+	raw := key[1 : len(key)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == name
+	}
+	var s string
+	return json.Unmarshal(key, &s) == nil && s == name
+}
+
+// endOfValue returns the index just after the JSON value that starts at
+// data[i], in valid JSON text. It walks nested values without recursion, so
+// its cost is linear however deep they go.
+func endOfValue(data []byte, i int) int {
+	depth := 0
+	for ; i < len(data); i++ {
+		switch data[i] {
+		case '"':
+			for i++; data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i // the end of the object or array around a number or literal
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\r', '\n':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
+}
+
+func skipSpaceAt(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+func skipSpace(data []byte) []byte { return data[skipSpaceAt(data, 0):] }
+
+// kindOf names the kind of the valid JSON value data starts with.
 func kindOf(data []byte) string {
-	data = skipSpace(data)
 	if len(data) == 0 {
 		return "empty value"
 	}
@@ -276,334 +331,114 @@ func describeKind(kind string) string {
 	return "a " + kind
 }
 
-var errMalformed = errors.New("malformed JSON value")
-
-func skipSpace(data []byte) []byte {
-	for len(data) > 0 && (data[0] == ' ' || data[0] == '\t' || data[0] == '\n' || data[0] == '\r') {
-		data = data[1:]
+// writeJSONString writes the canonical text of the JSON string text tok, or
+// returns why it has none (to follow the field's name in an error).
+func writeJSONString(b *strings.Builder, tok []byte) (refused string) {
+	if !utf8.Valid(tok) {
+		return " is a string that is not valid UTF-8; On takes UTF-8 strings (derive other keys with KeyBy)"
 	}
-	return data
+	raw := tok[1 : len(tok)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		b.Write(tok) // no escapes, and JSON allows no control characters: canonical as it is
+		return ""
+	}
+	if loneSurrogate(raw) {
+		return ` is a string with an unpaired surrogate escape such as \ud800; On takes strings of Unicode characters (derive other keys with KeyBy)`
+	}
+	var s string
+	if err := json.Unmarshal(tok, &s); err != nil {
+		return ": " + err.Error() // cannot happen: the payload is valid JSON
+	}
+	writeString(b, s)
+	return ""
 }
 
-// appendValue appends the canonical text of the JSON value data holds.
-//
-// The canonical text is what json.Marshal gives for the value decoded with
-// json.Decoder.UseNumber, as of Go 1.24: compact, object keys sorted by their
-// bytes with the last of duplicate keys winning, numbers as written, strings
-// escaped as appendString does. It is produced here rather than by
-// encoding/json so that keys do not change with the Go version, and so that
-// strings holding invalid UTF-8 or unpaired UTF-16 surrogates, which
-// encoding/json turns into U+FFFD, keep what makes them distinct.
-//
-// The value is parsed into a tree first and written out after, so that the
-// work stays linear in its size however deeply objects nest.
-func appendValue(dst, data []byte) ([]byte, error) {
-	n, rest, err := parseValue(data, 0)
-	if err != nil {
-		return dst, err
-	}
-	if len(skipSpace(rest)) != 0 {
-		return dst, errMalformed
-	}
-	return n.append(dst), nil
-}
-
-// maxDepth matches the nesting limit of encoding/json, which has already
-// accepted the text; it only keeps a malformed input from recursing without end.
-const maxDepth = 10000
-
-// jsonNode is a parsed JSON value.
-type jsonNode struct {
-	// kind is '{' for an object, '[' an array, '"' a string to escape, 0 text
-	// that is already canonical. In ASCII, '{'+2 is '}' and '['+2 is ']'.
-	kind byte
-	text []byte     // kind 0: the canonical text; '"': the decoded string, as unquoteJSON gives it
-	key  string     // the decoded key of an object member
-	kids []jsonNode // the elements of an array, the members of an object in canonical order
-}
-
-func (n *jsonNode) append(dst []byte) []byte {
-	switch n.kind {
-	case '"':
-		return appendString(dst, n.text)
-	case '[', '{':
-		dst = append(dst, n.kind)
-		for i := range n.kids {
-			if i > 0 {
-				dst = append(dst, ',')
+// loneSurrogate reports whether the text between a JSON string's quotes holds a
+// \u escape of a UTF-16 surrogate that is not part of a pair.
+func loneSurrogate(raw []byte) bool {
+	high := false // the previous escape was a high surrogate
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			if high {
+				return true
 			}
-			if n.kind == '{' {
-				dst = appendString(dst, n.kids[i].key)
-				dst = append(dst, ':')
-			}
-			dst = n.kids[i].append(dst)
-		}
-		return append(dst, n.kind+2) // ']' or '}'
-	}
-	return append(dst, n.text...)
-}
-
-// parseValue parses the JSON value at the start of data and returns the text
-// after it.
-func parseValue(data []byte, depth int) (jsonNode, []byte, error) {
-	data = skipSpace(data)
-	if len(data) == 0 || depth > maxDepth {
-		return jsonNode{}, nil, errMalformed
-	}
-	switch c := data[0]; {
-	case c == '{' || c == '[':
-		return parseContainer(c, data[1:], depth)
-	case c == '"':
-		tok, rest, err := scanString(data)
-		if err != nil {
-			return jsonNode{}, nil, err
-		}
-		if plainString(tok) { // the common case: already canonical
-			return jsonNode{text: data[:len(tok)+2]}, rest, nil
-		}
-		return jsonNode{kind: '"', text: unquoteJSON(tok)}, rest, nil
-	case c == 't':
-		return parseLiteral(data, "true")
-	case c == 'f':
-		return parseLiteral(data, "false")
-	case c == 'n':
-		return parseLiteral(data, "null")
-	case c == '-' || '0' <= c && c <= '9':
-		n := 1
-		for n < len(data) && strings.IndexByte("0123456789.eE+-", data[n]) >= 0 {
-			n++
-		}
-		return jsonNode{text: data[:n]}, data[n:], nil
-	}
-	return jsonNode{}, nil, errMalformed
-}
-
-func parseLiteral(data []byte, lit string) (jsonNode, []byte, error) {
-	if !bytes.HasPrefix(data, []byte(lit)) {
-		return jsonNode{}, nil, errMalformed
-	}
-	return jsonNode{text: data[:len(lit)]}, data[len(lit):], nil
-}
-
-// parseContainer parses the object or array whose opening kind was just read.
-func parseContainer(kind byte, data []byte, depth int) (jsonNode, []byte, error) {
-	n := jsonNode{kind: kind}
-	data = skipSpace(data)
-	if len(data) > 0 && data[0] == kind+2 {
-		return n, data[1:], nil
-	}
-	for {
-		var key string
-		if kind == '{' {
-			tok, rest, err := scanString(skipSpace(data))
-			if err != nil {
-				return jsonNode{}, nil, err
-			}
-			rest = skipSpace(rest)
-			if len(rest) == 0 || rest[0] != ':' {
-				return jsonNode{}, nil, errMalformed
-			}
-			key, data = string(unquoteJSON(tok)), rest[1:]
-		}
-		kid, rest, err := parseValue(data, depth+1)
-		if err != nil {
-			return jsonNode{}, nil, err
-		}
-		kid.key = key
-		n.kids = append(n.kids, kid)
-		rest = skipSpace(rest)
-		if len(rest) == 0 {
-			return jsonNode{}, nil, errMalformed
-		}
-		data = rest[1:]
-		if rest[0] == kind+2 {
-			break
-		}
-		if rest[0] != ',' {
-			return jsonNode{}, nil, errMalformed
-		}
-	}
-	if kind == '{' {
-		// Stable, so that of equal keys the last one written stays last,
-		// and wins, as in encoding/json.
-		slices.SortStableFunc(n.kids, func(a, b jsonNode) int { return strings.Compare(a.key, b.key) })
-		kids := n.kids[:0]
-		for i, kid := range n.kids {
-			if i+1 < len(n.kids) && n.kids[i+1].key == kid.key {
-				continue
-			}
-			kids = append(kids, kid)
-		}
-		n.kids = kids
-	}
-	return n, data, nil
-}
-
-// scanString splits a JSON string at the start of data into the text between
-// its quotes and the rest.
-func scanString(data []byte) (tok, rest []byte, err error) {
-	if len(data) == 0 || data[0] != '"' {
-		return nil, nil, errMalformed
-	}
-	for i := 1; i < len(data); i++ {
-		switch data[i] {
-		case '\\':
-			i++
-		case '"':
-			return data[1:i], data[i+1:], nil
-		}
-	}
-	return nil, nil, errMalformed
-}
-
-// plainString reports whether the string text tok needs no escape and no decoding:
-// then it is its own canonical text.
-func plainString(tok []byte) bool {
-	for _, c := range tok {
-		if c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			return false
-		}
-	}
-	return true
-}
-
-// unquoteJSON decodes the text between a JSON string's quotes. Unlike
-// encoding/json it loses nothing: bytes that are not UTF-8 are kept as they
-// are, and an unpaired surrogate escape becomes the three bytes UTF-8 would
-// give it if it were allowed (as in WTF-8), which appendString turns back
-// into the escape.
-func unquoteJSON(tok []byte) []byte {
-	out := make([]byte, 0, len(tok))
-	for i := 0; i < len(tok); {
-		c := tok[i]
-		if c != '\\' {
-			out = append(out, c)
-			i++
 			continue
 		}
-		if i+1 >= len(tok) {
-			return append(out, tok[i:]...) // cannot happen in valid JSON
-		}
-		switch e := tok[i+1]; e {
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
-			r, ok := hex4(tok[i+2:])
-			if !ok {
-				return append(out, tok[i:]...) // cannot happen in valid JSON
+		i++
+		if raw[i] != 'u' {
+			if high {
+				return true
 			}
-			i += 6
-			if !utf16.IsSurrogate(r) {
-				out = utf8.AppendRune(out, r)
-				continue
-			}
-			if r < 0xDC00 && i+1 < len(tok) && tok[i] == '\\' && tok[i+1] == 'u' {
-				if r2, ok := hex4(tok[i+2:]); ok && 0xDC00 <= r2 && r2 < 0xE000 {
-					out = utf8.AppendRune(out, utf16.DecodeRune(r, r2))
-					i += 6
-					continue
-				}
-			}
-			out = append(out, 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F)
 			continue
-		default: // '"', '\\', '/'
-			out = append(out, e)
 		}
-		i += 2
-	}
-	return out
-}
-
-func hex4(b []byte) (rune, bool) {
-	if len(b) < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range b[:4] {
+		var r rune
+		for _, c := range raw[i+1 : i+5] { // valid JSON: four hex digits
+			r <<= 4
+			switch {
+			case c <= '9':
+				r |= rune(c - '0')
+			default:
+				r |= rune((c|0x20)-'a') + 10
+			}
+		}
+		i += 4
 		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
+		case r >= 0xD800 && r < 0xDC00:
+			if high {
+				return true
+			}
+			high = true
+		case r >= 0xDC00 && r < 0xE000:
+			if !high {
+				return true
+			}
+			high = false
 		default:
-			return 0, false
+			if high {
+				return true
+			}
 		}
-		r = r<<4 | rune(c)
 	}
-	return r, true
+	return high
 }
 
 const hexDigits = "0123456789abcdef"
 
-// appendString appends s as a JSON string the way json.Marshal did as of Go
-// 1.24 (HTML-safe escapes, U+2028 and U+2029 escaped), except that bytes that
-// are not UTF-8 are kept as they are instead of becoming \ufffd, and the
-// three-byte form of a surrogate becomes its \uXXXX escape. Every output byte
-// that is not valid UTF-8 thus comes from the same byte of s, so distinct
-// strings give distinct texts.
-func appendString[S ~string | ~[]byte](dst []byte, s S) []byte {
-	dst = append(dst, '"')
+// writeString writes s as a JSON string the way RFC 8785 does: '"' and '\\'
+// escaped with a backslash, control characters as \b, \t, \n, \f, \r or
+// \u00xx, everything else as it is, including bytes that are not UTF-8. Every
+// escape decodes to the byte it replaced, so distinct strings give distinct
+// texts.
+func writeString(b *strings.Builder, s string) {
+	b.WriteByte('"')
 	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
 			continue
 		}
-		n := min(len(s)-i, utf8.UTFMax)
-		r, size := utf8.DecodeRuneInString(string(s[i : i+n]))
-		if r == utf8.RuneError && size == 1 {
-			if i+2 < len(s) && s[i] == 0xED && s[i+1]&0xE0 == 0xA0 && s[i+2]&0xC0 == 0x80 {
-				dst = append(dst, s[start:i]...)
-				sur := 0xD000 | rune(s[i+1]&0x3F)<<6 | rune(s[i+2]&0x3F)
-				dst = append(dst, '\\', 'u', 'd', hexDigits[sur>>8&0xF], hexDigits[sur>>4&0xF], hexDigits[sur&0xF])
-				i += 3
-				start = i
-				continue
-			}
-			i++ // kept as is
-			continue
+		b.WriteString(s[start:i])
+		switch c {
+		case '"', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteString(`\u00`)
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&0xF])
 		}
-		if r == '\u2028' || r == '\u2029' {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
+		start = i + 1
 	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	b.WriteString(s[start:])
+	b.WriteByte('"')
 }

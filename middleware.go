@@ -2,10 +2,18 @@ package asynqmutex
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
@@ -16,6 +24,25 @@ import (
 // asynq's own lease on an active task, so a worker that dies frees its key about when
 // asynq hands its task to another worker.
 const DefaultTTL = 30 * time.Second
+
+// DeadlineMargin is how long before a task's deadline (asynq's Timeout or Deadline
+// option; 30 minutes by default) a wait for a busy key ends, however long MaxWait is.
+// The policy's result must reach asynq before the deadline does: past it, asynq
+// records "context deadline exceeded" as a failure, spends a retry, and archives the
+// task once its retries are used up. A task with less than this left tries the key
+// once.
+const DeadlineMargin = 500 * time.Millisecond
+
+// LastTryWait is how long at least a task with no retry left waits for a busy key
+// under RetryLater: a task with MaxRetry(0), or whose retries real failures used up.
+// asynq archives such a task for any error it returns, contention included, so it
+// waits for the key instead, up to the longer of MaxWait and LastTryWait (which
+// matches DefaultTTL, the longest a crashed holder keeps a key), ending
+// DeadlineMargin before its deadline. If the key is still busy then, the task is
+// archived with an error saying the key was busy and that it had no retry left,
+// wrapping a *LockedError and asynq.SkipRetry; run it again from the archive
+// (asynq.Inspector.RunTask) once the key is free.
+const LastTryWait = 30 * time.Second
 
 // Option configures Middleware. Options follow asynq's style: On("id"), TTL(d).
 type Option interface{ apply(*config) }
@@ -31,14 +58,17 @@ type config struct {
 	maxWait  time.Duration
 	policy   Policy
 	hook     func(context.Context, *asynq.Task, error)
+	logger   *slog.Logger // nil: slog.Default() at the time of logging
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
 // so tasks of one type with the same values run one at a time ("customer.id" names
-// the field id inside the object customer). Without On or KeyBy the key is the task
-// type alone: at most one task of each type runs at a time. A task whose payload is
-// not a JSON object or lacks a field is archived at once with an error naming the
-// field (see Middleware). On panics if no field is given or a name is empty.
+// the field id inside the object customer). A value must be a string, a number, a
+// boolean or null; see KeyFunc for the key's exact form. Without On or KeyBy the key
+// is the task type alone: at most one task of each type runs at a time. A task whose
+// payload is not a JSON object, lacks a field, or holds an object, an array or a
+// string that is not UTF-8 there, is archived at once with an error naming the field
+// (see Middleware). On panics if no field is given or a name is empty.
 func On(fields ...string) Option {
 	if len(fields) == 0 {
 		panic("asynqmutex.On: no field given")
@@ -48,8 +78,9 @@ func On(fields ...string) Option {
 	return optionFunc(func(c *config) { c.setKey("On", fieldsKey(fields)) })
 }
 
-// KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn
-// archives the task as a malformed payload does. KeyBy panics if fn is nil.
+// KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
+// or an empty key, archives the task as a malformed payload does. KeyBy panics if fn
+// is nil.
 func KeyBy(fn KeyFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeyBy: nil KeyFunc")
@@ -77,8 +108,10 @@ func TTL(d time.Duration) Option {
 // MaxWait makes a task whose key is busy wait up to d for it, woken the moment the
 // holder releases it, before the OnConflict policy applies. The default is 0: the
 // policy applies at once. A waiting task occupies one of the server's worker slots,
-// so MaxWait suits keys held briefly; RetryLater suits keys held long. MaxWait panics
-// if d is negative.
+// so MaxWait suits keys held briefly; RetryLater suits keys held long. The wait ends
+// DeadlineMargin before the task's own deadline (asynq's Timeout or Deadline) if that
+// comes first, so that the policy, not the deadline, decides what happens to the
+// task. MaxWait panics if d is negative.
 func MaxWait(d time.Duration) Option {
 	if d < 0 {
 		panic(fmt.Sprintf("asynqmutex.MaxWait: negative wait %v", d))
@@ -98,14 +131,30 @@ func OnConflict(p Policy) Option {
 
 // AfterFailure calls fn each time a task runs without its handler because the lock
 // was not obtained: the key was busy (err is a *LockedError), Redis could not be
-// reached, or no key could be derived from the task. It runs on the worker goroutine
-// before the middleware returns, so it should be quick; it must be safe for concurrent
-// use. By default nothing is called. AfterFailure panics if fn is nil.
+// reached, or no key could be derived from the task. It is not called for a lease lost
+// while the handler ran: the handler did run, and Logger hears of that. It runs on the
+// worker goroutine before the middleware returns, so it should be quick; it must be
+// safe for concurrent use. By default nothing is called. AfterFailure panics if fn is
+// nil.
 func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option {
 	if fn == nil {
 		panic("asynqmutex.AfterFailure: nil function")
 	}
 	return optionFunc(func(c *config) { c.hook = fn })
+}
+
+// Logger sets where the middleware logs what needs a person's attention: a lock lost
+// while its handler ran, at level Warn, which means another worker may have run a
+// task with the same key at the same time. A record names the task type and ID, the
+// key (shortened past 100 bytes, with a digest), whether the task completed, and
+// why the lock was lost; never a token or the payload. The default is slog.Default(),
+// looked up when a record is logged. l must be safe for concurrent use, as every
+// *slog.Logger is. Logger panics if l is nil.
+func Logger(l *slog.Logger) Option {
+	if l == nil {
+		panic("asynqmutex.Logger: nil *slog.Logger")
+	}
+	return optionFunc(func(c *config) { c.logger = l })
 }
 
 // Middleware returns asynq middleware that runs each task's handler under a Redis
@@ -117,15 +166,20 @@ func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option
 // while the lease is renewed every TTL/3; release; return the handler's result
 // untouched. When the lease is lost while the handler runs (Redis lost the key, or
 // could not be reached for a whole lease), the handler's context is cancelled and the
-// task fails with an error wrapping mutex.ErrNotHeld that says so. The handler's
-// fencing token is available through Fence.
+// loss is logged (see Logger). The handler's own result still decides: if it returns
+// nil the task completes, since its work is done and a second run could not undo an
+// overlap; if it returns an error, the task fails with an error wrapping both that
+// error and mutex.ErrNotHeld. The handler's fencing token is available through Fence.
 //
 // When the lock is not obtained the handler does not run: a busy key is handled by the
 // OnConflict policy and reported to AfterFailure; a Redis error is returned as an
 // ordinary, retryable error; a key that cannot be derived (payload not JSON, a missing
-// field, a KeyBy error) returns an error naming the task and the field, wrapping
+// field, an object where On wants a scalar, a KeyBy error or empty key) returns an
+// error naming the task and the field, wrapping
 // asynq.SkipRetry, so the task goes to the archive where it can be inspected and run
-// again, rather than retrying in a loop. A task is never run without its lock.
+// again, rather than retrying in a loop. A task is never run without its lock. No
+// error text the middleware adds grows with the key or the payload: a key or task
+// type longer than 100 bytes is shown shortened, with a digest.
 //
 // Middleware panics if locks is nil or the options conflict. The returned middleware
 // is safe for concurrent use.
@@ -160,22 +214,20 @@ type middleware struct {
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	id, _ := asynq.GetTaskID(ctx)
 	key, err := m.key(ctx, t)
+	if err == nil && key == "" {
+		err = &keyError{taskType: t.Type(), msg: "KeyBy returned an empty key"}
+	}
 	if err != nil {
 		var ke *keyError
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
-			err = fmt.Errorf("asynqmutex: task %q: lock key: %w", t.Type(), err)
+			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", quoteShort(t.Type()), err)
 		}
 		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
 		m.failed(ctx, t, err)
 		return err
 	}
 
-	wait := []mutex.LockOption{mutex.MaxWait(m.maxWait)}
-	if m.policy != Skip && m.policy != Fail && lastTry(ctx) {
-		// Any error now would archive the task, contention included: wait for the key
-		// instead, as long as the task's own deadline allows.
-		wait = nil
-	}
+	wait, lastTry := m.wait(ctx)
 
 	var (
 		ran        bool
@@ -184,20 +236,26 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	err = m.locks.WithLock(ctx, key, m.ttl, func(ctx context.Context) error {
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
-		return handlerErr
-	}, wait...)
+		return nil // kept apart, so that err is only about the lock
+	}, mutex.MaxWait(wait))
 
 	if ran {
 		m.conflicts.forget(id)
-		if errors.Is(err, mutex.ErrNotHeld) && !errors.Is(handlerErr, mutex.ErrNotHeld) {
-			return fmt.Errorf("asynqmutex: task %q%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", t.Type(), idSuffix(id), key, err)
+		if !errors.Is(err, mutex.ErrNotHeld) {
+			// A release Redis could not confirm needs no retry of the task: the key frees
+			// itself when its lease runs out.
+			return handlerErr
 		}
-		// A release Redis could not confirm needs no retry of the task: the key frees
-		// itself when its lease runs out.
-		return handlerErr
+		m.leaseLost(ctx, t, id, key, err, handlerErr)
+		if handlerErr == nil {
+			// The work is done: running it again would add a second run, not undo the
+			// overlap.
+			return nil
+		}
+		return boundedError(fmt.Sprintf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, errors.Join(err, handlerErr))
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %q%s: taking lock %s: %w", t.Type(), idSuffix(id), key, err)
+		err = boundedError(fmt.Sprintf("asynqmutex: task %s%s: taking lock %s", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, err)
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -209,12 +267,122 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return nil
 	case Fail:
 		m.failed(ctx, t, le)
-		return fmt.Errorf("asynqmutex: task %q%s: lock %s is held by another task: %w", t.Type(), idSuffix(id), key, mutex.ErrNotObtained)
+		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
+	}
+	if lastTry {
+		le.waited, le.archived = wait, true
+		m.failed(ctx, t, le)
+		return &wrapError{msg: le.Error(), err: errors.Join(le, asynq.SkipRetry)}
 	}
 	n := m.conflicts.add(id)
-	le.RetryIn = time.Duration(m.policy) << min(n-1, 4)
+	le.RetryIn = backoff(time.Duration(m.policy), n)
 	m.failed(ctx, t, le)
 	return le
+}
+
+// wait returns how long the task may wait for a busy key: MaxWait, or at least
+// LastTryWait when the task has no retry left under RetryLater (lastTry), and in
+// any case ending DeadlineMargin before the task's deadline.
+func (m *middleware) wait(ctx context.Context) (wait time.Duration, lastTry bool) {
+	wait = m.maxWait
+	if m.policy != Skip && m.policy != Fail && noRetryLeft(ctx) {
+		wait, lastTry = max(wait, LastTryWait), true
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline)-DeadlineMargin)
+	}
+	return max(wait, 0), lastTry
+}
+
+// backoff is d doubled for each conflict after the first, up to 16·d, and never
+// past the largest Duration.
+func backoff(d time.Duration, conflicts int) time.Duration {
+	for range min(conflicts-1, 4) {
+		if d > math.MaxInt64/2 {
+			return math.MaxInt64
+		}
+		d *= 2
+	}
+	return d
+}
+
+// leaseLost logs that the lock was lost while the handler ran: the one event that
+// needs a person, since another worker may have run a task with the same key
+// meanwhile, and AfterFailure is only for tasks whose handler did not run.
+func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, key string, err, handlerErr error) {
+	outcome := "completed: the handler returned nil"
+	if handlerErr != nil {
+		outcome = "failed: the handler returned an error"
+	}
+	logger := m.logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger.LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
+		slog.String("task_type", shorten(t.Type())),
+		slog.String("task_id", id),
+		slog.String("key", shorten(key)),
+		slog.String("task", outcome),
+		slog.String("error", boundedText(key, err)))
+}
+
+// boundedError returns an error whose text is msg, then cause's text with key
+// shortened wherever it appears in it, and which wraps cause.
+func boundedError(msg, key string, cause error) error {
+	return &wrapError{msg: msg + ": " + boundedText(key, cause), err: cause}
+}
+
+// boundedText is err's text with key shortened wherever it appears in it.
+func boundedText(key string, err error) string {
+	text := err.Error()
+	if len(key) > maxShown {
+		text = strings.ReplaceAll(text, strconv.Quote(key), strconv.Quote(shorten(key)))
+		text = strings.ReplaceAll(text, key, shorten(key))
+	}
+	return text
+}
+
+type wrapError struct {
+	msg string
+	err error
+}
+
+func (e *wrapError) Error() string { return e.msg }
+func (e *wrapError) Unwrap() error { return e.err }
+
+// maxShown is the length up to which error texts and logs show a key or a task
+// type whole.
+const maxShown = 100
+
+// shorten returns s as error texts and logs show it: whole up to maxShown bytes;
+// longer, its first 64 bytes (cut at a character boundary), "…" and the first 12
+// hex digits of its SHA-256, so that long keys stay told apart without the text
+// growing with them or repeating payload values at length.
+func shorten(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	cut := 64
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…sha256:" + hex.EncodeToString(sum[:6])
+}
+
+// quoteShort is shorten(s) quoted as a Go string, for task types.
+func quoteShort(s string) string { return strconv.Quote(shorten(s)) }
+
+// showKey is the shortened key as error texts and logs show it: as it is when it
+// holds only printable characters (as keys from On do), quoted otherwise.
+func showKey(key string) string {
+	s := shorten(key)
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // taskRef and idSuffix name a task by its ID in errors, when asynq gave one.
@@ -238,9 +406,9 @@ func (m *middleware) failed(ctx context.Context, t *asynq.Task, err error) {
 	}
 }
 
-// lastTry reports whether asynq would archive the task for any error it returns now:
-// asynq compares the retry count with MaxRetry before it asks IsFailure.
-func lastTry(ctx context.Context) bool {
+// noRetryLeft reports whether asynq would archive the task for any error it returns
+// now: asynq compares the retry count with MaxRetry before it asks IsFailure.
+func noRetryLeft(ctx context.Context) bool {
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	return ok1 && ok2 && retried >= maxRetry
@@ -248,7 +416,8 @@ func lastTry(ctx context.Context) bool {
 
 // conflicts counts, per task ID, the conflicts a task met in this process, to back off
 // RetryLater. asynq cannot count them: a busy key is not a failure, so the retry count
-// it passes on stays the same. Entries expire, and the map is bounded.
+// it passes on stays the same, and a handler cannot change what asynq stores with the
+// task. Entries expire, and the map is bounded (see RetryLater).
 type conflicts struct {
 	mu   sync.Mutex
 	seen map[string]conflict

@@ -1,8 +1,11 @@
 package asynqmutex
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -163,6 +166,52 @@ func TestMiddlewareMaxWaitWokenByRelease(t *testing.T) {
 	}
 }
 
+// TestMiddlewareWaitEndsBeforeDeadline gives a task less time before its deadline
+// than MaxWait: the wait ends early enough for the policy's result to come back,
+// not the deadline's error.
+func TestMiddlewareWaitEndsBeforeDeadline(t *testing.T) {
+	locks, _ := newLocks(t)
+	holder, err := locks.TryLock(context.Background(), `["pay"]`, time.Hour)
+	require.NoError(t, err)
+	defer holder.Unlock(context.Background())
+	var rec recorder
+	h := Middleware(locks, MaxWait(time.Hour), AfterFailure(rec.hook))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		t.Error("the handler ran without the lock")
+		return nil
+	}))
+	for _, left := range []time.Duration{DeadlineMargin + 300*time.Millisecond, DeadlineMargin / 2, -time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		err := h.ProcessTask(ctx, asynq.NewTask("pay", nil))
+		cancel()
+		var le *LockedError
+		if left > 0 {
+			assert.True(t, errors.As(err, &le), "%v before the deadline: got %v, want a *LockedError", left, err)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded)
+		} else {
+			assert.ErrorIs(t, err, context.DeadlineExceeded, "a task already past its deadline")
+		}
+	}
+	assert.Len(t, rec.got(), 3)
+}
+
+func TestBackoff(t *testing.T) {
+	for _, tt := range []struct {
+		d    time.Duration
+		n    int
+		want time.Duration
+	}{
+		{time.Second, 1, time.Second},
+		{time.Second, 2, 2 * time.Second},
+		{time.Second, 5, 16 * time.Second},
+		{time.Second, 100, 16 * time.Second},
+		{math.MaxInt64 / 3, 3, math.MaxInt64},
+	} {
+		if got := backoff(tt.d, tt.n); got != tt.want {
+			t.Errorf("backoff(%v, %d) = %v, want %v", tt.d, tt.n, got, tt.want)
+		}
+	}
+}
+
 func TestMiddlewareBadInput(t *testing.T) {
 	tests := []struct {
 		name, payload string
@@ -175,6 +224,10 @@ func TestMiddlewareBadInput(t *testing.T) {
 		{"KeyBy error", `{}`, []Option{KeyBy(func(context.Context, *asynq.Task) (string, error) {
 			return "", errors.New("no tenant header")
 		})}, []string{`"pay"`, "no tenant header"}},
+		{"KeyBy empty key", `{}`, []Option{KeyBy(func(context.Context, *asynq.Task) (string, error) {
+			return "", nil
+		})}, []string{`"pay"`, "KeyBy returned an empty key"}},
+		{"object value", `{"id":{"n":1}}`, []Option{On("id")}, []string{`"pay"`, `field "id" is an object`, "KeyBy"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,6 +283,39 @@ func TestMiddlewareLeaseLost(t *testing.T) {
 	assert.ErrorIs(t, err, handlerErr)
 	assert.Contains(t, err.Error(), "lost")
 	assert.True(t, IsFailure(err))
+}
+
+// TestMiddlewareLeaseLostAfterSuccess loses the lease while a handler runs that
+// then returns nil: the task completes, the loss is logged once at Warn with the
+// task and key but no token, and AfterFailure is not called.
+func TestMiddlewareLeaseLostAfterSuccess(t *testing.T) {
+	locks, m := newLocks(t)
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	var rec recorder
+	var token string
+	h := Middleware(locks, TTL(30*time.Millisecond), Logger(logger), AfterFailure(rec.hook))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		l, _ := mutex.FromContext(ctx)
+		token = l.Token()
+		m.Del(`asynqmutex:{["pay"]}`)
+		select {
+		case <-ctx.Done(): // the loss is noticed while the handler runs
+		case <-time.After(30 * time.Second):
+			t.Error("the handler's context was not cancelled when its lease was lost")
+		}
+		return nil // its work was done
+	}))
+	ctx := context.Background()
+	err := h.ProcessTask(ctx, asynq.NewTask("pay", nil))
+	assert.NoError(t, err, "a handler's nil stands when the lease was lost")
+	assert.Empty(t, rec.got(), "AfterFailure is for tasks that did not run")
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "\n"), "one log record: %s", out)
+	for _, want := range []string{"level=WARN", "lock lost while the handler ran", "task_type=pay", `key="[\"pay\"]"`, "handler returned nil", "not held"} {
+		assert.Contains(t, out, want)
+	}
+	require.NotEmpty(t, token)
+	assert.NotContains(t, out, token, "tokens never appear in logs")
 }
 
 func TestConflictBackoff(t *testing.T) {
@@ -292,9 +378,11 @@ func TestOptionPanics(t *testing.T) {
 		}},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
 		{"MaxWait", "asynqmutex.MaxWait", func() { MaxWait(-time.Second) }},
-		{"RetryLater", "asynqmutex.RetryLater", func() { RetryLater(time.Millisecond) }},
+		{"RetryLater zero", "asynqmutex.RetryLater", func() { RetryLater(0) }},
+		{"RetryLater negative", "asynqmutex.RetryLater", func() { RetryLater(-time.Second) }},
 		{"OnConflict", "asynqmutex.OnConflict", func() { OnConflict(Policy(0)) }},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
+		{"Logger", "asynqmutex.Logger", func() { Logger(nil) }},
 		{"nil handler", "asynqmutex.Middleware", func() { Middleware(locks)(nil) }},
 	}
 	for _, tt := range tests {
@@ -309,10 +397,122 @@ func TestOptionPanics(t *testing.T) {
 	}
 }
 
+func TestRetryLaterRoundsUp(t *testing.T) {
+	for d, want := range map[time.Duration]time.Duration{
+		time.Nanosecond:         time.Second,
+		500 * time.Millisecond:  time.Second,
+		time.Second:             time.Second,
+		1500 * time.Millisecond: 2 * time.Second,
+		time.Minute:             time.Minute,
+		math.MaxInt64:           math.MaxInt64,
+	} {
+		if got := time.Duration(RetryLater(d)); got != want {
+			t.Errorf("RetryLater(%v) = %v, want %v", d, got, want)
+		}
+	}
+}
+
 func TestPolicyString(t *testing.T) {
 	for p, want := range map[Policy]string{Skip: "Skip", Fail: "Fail", RetryLater(2 * time.Second): "RetryLater(2s)"} {
 		if got := p.String(); got != want {
 			t.Errorf("Policy(%d).String() = %q, want %q", p, got, want)
+		}
+	}
+}
+
+// TestErrorTextsBounded gives tasks a megabyte key: every error text the
+// middleware produces, and every one the hook sees, stays a few hundred bytes,
+// showing the key shortened with a digest; LockedError.Key keeps it whole.
+func TestErrorTextsBounded(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	task := asynq.NewTask("pay", []byte(`{"id":"`+big+`"}`))
+	key := `["pay","` + big + `"]`
+	const bound = 400
+	check := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if err == nil {
+			return
+		}
+		if msg := err.Error(); len(msg) > bound || !strings.Contains(msg, `["pay","xxxx`) || !strings.Contains(msg, "…sha256:") {
+			t.Errorf("%s: error text is %d bytes: %.300q; want at most %d, the key shortened with a digest", what, len(msg), msg, bound)
+		}
+	}
+	for _, p := range []Policy{Skip, Fail, RetryLater(time.Second)} {
+		t.Run("busy "+p.String(), func(t *testing.T) {
+			locks, _ := newLocks(t)
+			ctx := context.Background()
+			holder, err := locks.TryLock(ctx, key, time.Minute)
+			require.NoError(t, err)
+			defer holder.Unlock(ctx)
+			var rec recorder
+			h := Middleware(locks, On("id"), OnConflict(p), AfterFailure(rec.hook))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				t.Error("the handler ran without the lock")
+				return nil
+			}))
+			check(t, "returned", h.ProcessTask(ctx, task))
+			got := rec.got()
+			require.Len(t, got, 1)
+			check(t, "hook", got[0])
+			var le *LockedError
+			require.True(t, errors.As(got[0], &le))
+			assert.Equal(t, key, le.Key, "LockedError.Key is the whole key")
+		})
+	}
+	t.Run("Redis down", func(t *testing.T) {
+		locks, m := newLocks(t)
+		m.Close()
+		h := Middleware(locks, On("id"))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+		err := h.ProcessTask(context.Background(), task)
+		require.Error(t, err)
+		check(t, "Redis down", err)
+	})
+	t.Run("lease lost", func(t *testing.T) {
+		locks, m := newLocks(t)
+		h := Middleware(locks, On("id"), TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			for _, k := range m.Keys() {
+				if strings.HasPrefix(k, "asynqmutex:{") && !strings.Contains(k, "fence") {
+					m.Del(k)
+				}
+			}
+			<-ctx.Done()
+			return errors.New("stopped")
+		}))
+		err := h.ProcessTask(context.Background(), task)
+		require.ErrorIs(t, err, mutex.ErrNotHeld)
+		check(t, "lease lost", err)
+	})
+	t.Run("task type", func(t *testing.T) {
+		locks, _ := newLocks(t)
+		h := Middleware(locks, On("id"))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+		err := h.ProcessTask(context.Background(), asynq.NewTask(big, []byte(`{}`)))
+		require.Error(t, err)
+		if msg := err.Error(); len(msg) > bound || !strings.Contains(msg, "…sha256:") {
+			t.Errorf("error text is %d bytes: %.300q; want at most %d, the type shortened", len(msg), msg, bound)
+		}
+	})
+}
+
+func TestShorten(t *testing.T) {
+	long := strings.Repeat("é", 80) // 160 bytes
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{`["pay","t1"]`, `["pay","t1"]`},
+		{strings.Repeat("a", maxShown), strings.Repeat("a", maxShown)},
+		{long, strings.Repeat("é", 32) + "…sha256:"},
+		{strings.Repeat("a", 63) + long, strings.Repeat("a", 63) + "…sha256:"}, // cut before a character, not inside it
+	}
+	for _, tt := range tests {
+		got := shorten(tt.in)
+		if len(tt.in) <= maxShown && got != tt.in || !strings.HasPrefix(got, tt.want) || len(got) > max(len(tt.in), 64+len("…sha256:")+12) {
+			t.Errorf("shorten(%.20q…) = %q, want %q + a 12-digit digest", tt.in, got, tt.want)
+		}
+	}
+	if a, b := shorten(strings.Repeat("a", 200)+"1"), shorten(strings.Repeat("a", 200)+"2"); a == b {
+		t.Errorf("shorten gives %q for two different long keys, want the digest to tell them apart", a)
+	}
+	for in, want := range map[string]string{"a\nb": `"a\nb"`, "a\xffb": `"a\xffb"`, `["é"]`: `["é"]`} {
+		if got := showKey(in); got != want {
+			t.Errorf("showKey(%q) = %s, want %s", in, got, want)
 		}
 	}
 }

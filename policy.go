@@ -2,6 +2,7 @@ package asynqmutex
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/asynqmutex/asynqmutex/mutex"
@@ -32,20 +33,32 @@ const DefaultRetryDelay = 5 * time.Second
 // RetryLater returns the task to asynq to run again after about d without spending
 // its retries: the handler returns a *LockedError with RetryIn = d, doubled for each
 // further conflict of the same task up to 16·d. With Configure, asynq does not count
-// a LockedError as a failure (the retry counter stays as it was and the task is never
-// archived for contention) and RetryDelay adds jitter. Without Configure it is an
-// ordinary error that spends a retry.
+// a LockedError as a failure (the retry counter stays as it was) and RetryDelay adds
+// jitter. Without Configure it is an ordinary error that spends a retry, and asynq's
+// own backoff (DefaultRetryDelayFunc), not RetryIn, sets the delay.
 //
 // A task that has no retry left (MaxRetry(0), or retries used up by real failures)
 // would be archived by asynq for any error, so for it the middleware waits for the key
-// instead, until the task's own deadline.
+// instead, up to LastTryWait (or MaxWait if longer), and archives it with an error
+// saying the key was busy if it still is.
 //
+// The conflicts behind the doubling are counted per task ID in the memory of the
+// worker process, for an hour after the last one and for at most 100,000 tasks at a
+// time (then all counts restart): asynq keeps no count of them, since a busy key is
+// not a failure. A task that moves to another worker, or meets a restarted one,
+// starts again from d.
+//
+// asynq keeps retry times in whole seconds, so d is rounded up to a whole number of
+// seconds, at least 1s: RetryLater(500*time.Millisecond) is RetryLater(time.Second).
 // RetryLater suits keys held for long; for hot keys held briefly prefer MaxWait, whose
-// waiters are woken the moment the key is released. RetryLater panics if d < 1s,
-// below asynq's resolution.
+// waiters are woken the moment the key is released. RetryLater panics if d is zero or
+// negative, which has no meaning as a delay.
 func RetryLater(d time.Duration) Policy {
-	if d < time.Second {
-		panic(fmt.Sprintf("asynqmutex.RetryLater: delay %v is below asynq's one-second resolution", d))
+	if d <= 0 {
+		panic(fmt.Sprintf("asynqmutex.RetryLater: delay %v is not positive", d))
+	}
+	if r := d.Truncate(time.Second); r < d && r <= math.MaxInt64-time.Second {
+		d = r + time.Second
 	}
 	return Policy(d)
 }
@@ -68,20 +81,29 @@ func (p Policy) String() string {
 // the task after RetryIn plus jitter. The AfterFailure hook receives one for every
 // conflict, with RetryIn 0 under Skip and Fail.
 type LockedError struct {
-	Key     string        // the lock key the task needed
+	// Key is the lock key the task needed, whole: it may be long and hold payload
+	// values, so log Error()'s text, which shortens it, rather than Key.
+	Key     string
 	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
 
 	taskType, taskID string
+	waited           time.Duration // with archived: how long the task waited
+	archived         bool          // the task had no retry left: asynq archives it
 }
 
-// Error names the task and the key, and when the task will be tried again.
+// Error names the task and the key, shortened past 100 bytes (with a digest), and
+// the delay asked for. Only a server set up with Configure retries after RetryIn;
+// without it asynq's own backoff applies, and the text says so.
 func (e *LockedError) Error() string {
-	msg := fmt.Sprintf("asynqmutex: lock %s is held by another task", e.Key)
+	msg := "asynqmutex: lock " + showKey(e.Key) + " is held by another task"
 	if e.taskType != "" {
-		msg = fmt.Sprintf("asynqmutex: task %q%s: lock %s is held by another task", e.taskType, idSuffix(e.taskID), e.Key)
+		msg = fmt.Sprintf("asynqmutex: task %s%s: lock %s is held by another task", quoteShort(e.taskType), idSuffix(e.taskID), showKey(e.Key))
 	}
-	if e.RetryIn > 0 {
-		msg += fmt.Sprintf("; retry in %v", e.RetryIn)
+	switch {
+	case e.archived:
+		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
+	case e.RetryIn > 0:
+		msg += fmt.Sprintf("; retry in %v if the server uses asynqmutex.Configure", e.RetryIn)
 	}
 	return msg
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -26,6 +27,8 @@ func TestBadPayloadArchived(t *testing.T) {
 	mux := asynq.NewServeMux()
 	mux.Handle("bad:flat", asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.AfterFailure(hook.hook))(countingHandler(&runs)))
 	mux.Handle("bad:nested", asynqmutex.Middleware(locks, asynqmutex.On("customer.id"), asynqmutex.AfterFailure(hook.hook))(countingHandler(&runs)))
+	emptyKey := func(context.Context, *asynq.Task) (string, error) { return "", nil }
+	mux.Handle("bad:keyby", asynqmutex.Middleware(locks, asynqmutex.KeyBy(emptyKey), asynqmutex.AfterFailure(hook.hook))(countingHandler(&runs)))
 	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mux)
 
 	tests := []struct {
@@ -37,6 +40,11 @@ func TestBadPayloadArchived(t *testing.T) {
 		{"not JSON", "bad:flat", `not json`, []string{`"bad:flat"`, "not a JSON object", `"id"`}},
 		{"missing field", "bad:flat", `{"other":1}`, []string{`"bad:flat"`, `field "id"`, "missing"}},
 		{"nested through a string", "bad:nested", `{"customer":"c-42"}`, []string{`"bad:nested"`, `field "customer.id"`, "is a string, not an object"}},
+		// On's doc: only scalar values make keys; KeyBy is for the rest.
+		{"object value", "bad:flat", `{"id":{"n":1}}`, []string{`"bad:flat"`, `field "id" is an object`, "KeyBy"}},
+		{"not UTF-8", "bad:flat", "{\"id\":\"\xff\"}", []string{`"bad:flat"`, `field "id"`, "not valid UTF-8"}},
+		// KeyFunc's doc: an empty key is bad input, not a Redis error to retry.
+		{"KeyBy empty key", "bad:keyby", `{}`, []string{`"bad:keyby"`, "KeyBy returned an empty key"}},
 	}
 	ids := make([]string, len(tests))
 	for i, tc := range tests {
@@ -98,4 +106,41 @@ func TestLockRedisDown(t *testing.T) {
 	if errors.As(calls[0], &le) || errors.Is(calls[0], asynq.SkipRetry) {
 		t.Errorf("AfterFailure err = %v; want a Redis error, neither a LockedError nor SkipRetry", calls[0])
 	}
+}
+
+// TestLongKeyErrorBounded makes a task meet a busy key whose payload field is a
+// megabyte: the LastErr asynq stores with the task, and what the hook and the
+// ErrorHandler see, stay a few hundred bytes, with the key shortened.
+func TestLongKeyErrorBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	big := strings.Repeat("x", 1<<20)
+	e.hold(t, lockKey(t, "pay", big))
+
+	var runs atomic.Int32
+	var hook hookRecorder
+	var errs errRecorder
+	locks, _ := newLocks(t, e.opt)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Hour)), asynqmutex.AfterFailure(hook.hook))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2, ErrorHandler: &errs}), mw(countingHandler(&runs)))
+	task := e.enqueue(t, "pay", payload(t, map[string]string{"id": big}), asynq.MaxRetry(3), asynq.Retention(time.Hour))
+
+	info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateRetry, 15*time.Second)
+	const bound = 400
+	if len(info.LastErr) > bound || !strings.Contains(info.LastErr, heldMsg) || !strings.Contains(info.LastErr, "…sha256:") {
+		t.Errorf("LastErr is %d bytes: %.500q; want at most %d, saying the key is %s, shortened with a digest", len(info.LastErr), info.LastErr, bound, heldMsg)
+	}
+	seen := append(hook.calls(), errs.all()...)
+	if len(seen) != 2 {
+		t.Fatalf("hook and ErrorHandler saw %d errors, want 1 each", len(seen))
+	}
+	for _, err := range seen {
+		if len(err.Error()) > bound {
+			t.Errorf("error seen by a hook is %d bytes: %.500q; want at most %d", len(err.Error()), err.Error(), bound)
+		}
+	}
+	if n := runs.Load(); n != 0 {
+		t.Errorf("handler ran %d times while the key was held", n)
+	}
+	t.Logf("LastErr (%d bytes): %s", len(info.LastErr), info.LastErr)
 }

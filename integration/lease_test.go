@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -100,7 +101,6 @@ loop:
 func TestLeaseLostCancelsHandler(t *testing.T) {
 	t.Parallel()
 	const ttl = 600 * time.Millisecond
-	ctx := context.Background()
 	e := newEnv(t)
 	key := lockKey(t, "ledger", "l7")
 	rkey := redisLockKey(t, key)
@@ -126,15 +126,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		})))
 	task := e.enqueue(t, "ledger", payload(t, map[string]string{"id": "l7"}), asynq.MaxRetry(0), asynq.Retention(time.Hour))
 
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("handler did not start within 10s")
-	}
-	// The key is where the mutex package documents it; deleting it is losing it.
-	if n, err := e.rdb.Del(ctx, rkey).Result(); err != nil || n != 1 {
-		t.Fatalf("DEL %s = %d, %v; want 1 (the lock key as documented)", rkey, n, err)
-	}
+	e.loseLease(t, started, rkey)
 	deleted := time.Now()
 	select {
 	case err := <-cause:
@@ -162,6 +154,72 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestLeaseLostAfterSuccessCompletes deletes the lock key while the handler runs;
+// the handler notices (its context is cancelled) but has done its work and returns
+// nil. The task completes: it runs once, with Retried 0 and no error, AfterFailure
+// is not called, and the loss is logged at Warn naming the task.
+func TestLeaseLostAfterSuccessCompletes(t *testing.T) {
+	t.Parallel()
+	const ttl = 600 * time.Millisecond
+	e := newEnv(t)
+	key := lockKey(t, "capture", "c9")
+	rkey := redisLockKey(t, key)
+
+	var runs atomic.Int32
+	var hook hookRecorder
+	var logs syncBuffer
+	started := make(chan struct{}, 1)
+	locks, _ := newLocks(t, e.opt)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.TTL(ttl), asynqmutex.AfterFailure(hook.hook),
+		asynqmutex.Logger(slog.New(slog.NewTextHandler(&logs, nil))))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(asynq.HandlerFunc(
+		func(ctx context.Context, _ *asynq.Task) error {
+			runs.Add(1)
+			started <- struct{}{}
+			select {
+			case <-ctx.Done(): // the work is done; the lease was lost on the way
+			case <-time.After(10 * time.Second):
+				t.Error("handler's context not cancelled 10s after its lock key was deleted")
+			}
+			return nil
+		})))
+	task := e.enqueue(t, "capture", payload(t, map[string]string{"id": "c9"}), asynq.MaxRetry(3), asynq.Retention(time.Hour))
+
+	e.loseLease(t, started, rkey)
+	info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateCompleted, 15*time.Second)
+	if info.Retried != 0 || info.LastErr != "" {
+		t.Errorf("completed task: %s; want Retried 0 and no error", describeTask(info))
+	}
+	// Long enough for a retry to have come back, were there one.
+	time.Sleep(5 * delayedCheck)
+	if n := runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+	if n := hook.count(); n != 0 {
+		t.Errorf("AfterFailure called %d times, want 0: the handler ran", n)
+	}
+	out := logs.String()
+	for _, want := range []string{"level=WARN", "lock lost while the handler ran", "task_type=capture", "task_id=" + task.ID, "handler returned nil"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log = %q, want it to contain %q", out, want)
+		}
+	}
+}
+
+// loseLease waits for the handler to say it started, then deletes its lock key, rkey,
+// where the mutex package documents it: the handler's lease is lost under it.
+func (e *env) loseLease(t *testing.T, started <-chan struct{}, rkey string) {
+	t.Helper()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start within 10s")
+	}
+	if n, err := e.rdb.Del(context.Background(), rkey).Result(); err != nil || n != 1 {
+		t.Fatalf("DEL %s = %d, %v; want 1 (the lock key as documented)", rkey, n, err)
 	}
 }
 

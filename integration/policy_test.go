@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -243,5 +244,101 @@ func TestFail(t *testing.T) {
 	}
 	if n := runs.Load(); n != 0 {
 		t.Errorf("handler ran %d times, want 0", n)
+	}
+}
+
+// TestShortTimeoutKeepsRetries gives a task a Timeout shorter than MaxWait on a key
+// that stays busy: each wait ends before the task's deadline, so RetryLater's
+// *LockedError, not "context deadline exceeded", reaches asynq, and with Configure
+// the task keeps its retries and is never archived; once the key is free it runs.
+func TestShortTimeoutKeepsRetries(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	key := lockKey(t, "pay", "t10")
+	held := e.hold(t, key)
+
+	var runs atomic.Int32
+	var hook hookRecorder
+	locks, _ := newLocks(t, e.opt)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.MaxWait(3*time.Second),
+		asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)), asynqmutex.AfterFailure(hook.hook))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(countingHandler(&runs)))
+	task := e.enqueue(t, "pay", payload(t, map[string]string{"id": "t10"}),
+		asynq.Timeout(time.Second), asynq.MaxRetry(2), asynq.Retention(time.Hour))
+
+	waitFor(t, 30*time.Second, "three conflicts", func() (bool, string) {
+		info, desc := taskInfo(e.insp, "default", task.ID)
+		if info != nil && (info.State == asynq.TaskStateArchived || info.Retried != 0) {
+			t.Fatalf("after %d conflicts: %s; want retry count 0 and never archived", hook.count(), desc)
+		}
+		return hook.count() >= 3, desc
+	})
+	for i, err := range hook.calls() {
+		var le *asynqmutex.LockedError
+		if !errors.As(err, &le) || le.RetryIn < time.Second {
+			t.Errorf("AfterFailure call %d: err = %v, want a *LockedError with RetryIn >= 1s", i, err)
+		}
+	}
+	if err := held.Unlock(context.Background()); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateCompleted, 30*time.Second)
+	if info.Retried != 0 {
+		t.Errorf("completed task: %s; want Retried 0", describeTask(info))
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestNoRetryLeftArchivedWhenBusy gives MaxRetry(0) tasks a key that stays busy:
+// each waits for it as long as LastTryWait and its deadline allow, then is archived
+// with an error saying the key was busy and it had no retry left, so it can be run
+// again from the archive; it never holds its worker until its deadline.
+func TestNoRetryLeftArchivedWhenBusy(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		opts []asynq.Option
+		in   time.Duration // archived within
+	}{
+		{"Timeout 3s", []asynq.Option{asynq.Timeout(3 * time.Second)}, 15 * time.Second},
+		// asynq's default Timeout is 30 minutes: LastTryWait bounds the wait.
+		{"default Timeout", nil, asynqmutex.LastTryWait + 15*time.Second},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			id := fmt.Sprintf("t11-%d", i)
+			e.hold(t, lockKey(t, "pay", id))
+
+			var runs atomic.Int32
+			var hook hookRecorder
+			locks, _ := newLocks(t, e.opt)
+			mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.AfterFailure(hook.hook)) // default RetryLater
+			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(countingHandler(&runs)))
+			opts := append([]asynq.Option{asynq.MaxRetry(0), asynq.Retention(time.Hour)}, tc.opts...)
+			task := e.enqueue(t, "pay", payload(t, map[string]string{"id": id}), opts...)
+
+			info := waitState(t, e.insp, "default", task.ID, asynq.TaskStateArchived, tc.in)
+			for _, want := range []string{heldMsg, "no retry left", "archived"} {
+				if !strings.Contains(info.LastErr, want) {
+					t.Errorf("archived task: %s; want LastErr to contain %q", describeTask(info), want)
+				}
+			}
+			if n := runs.Load(); n != 0 {
+				t.Errorf("handler ran %d times while the key was held", n)
+			}
+			calls := hook.calls()
+			if len(calls) != 1 {
+				t.Fatalf("AfterFailure called %d times, want 1", len(calls))
+			}
+			var le *asynqmutex.LockedError
+			if !errors.As(calls[0], &le) || le.RetryIn != 0 {
+				t.Errorf("AfterFailure err = %v, want a *LockedError with RetryIn 0", calls[0])
+			}
+			t.Logf("LastErr: %s", info.LastErr)
+		})
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // KeyFunc derives the lock key for a task. Tasks whose keys are equal never
@@ -197,7 +199,7 @@ type keyError struct {
 }
 
 func (e *keyError) Error() string {
-	typ := quoteShort(e.taskType)
+	typ := shortkey.Quote(e.taskType)
 	if e.field == "" {
 		if len(e.unread) == 0 {
 			return fmt.Sprintf("asynqmutex: task %s: %s", typ, e.msg)

@@ -2,22 +2,18 @@ package asynqmutex
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/asynqmutex/asynqmutex/mutex"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // DefaultTTL is the lease of a task's lock unless TTL says otherwise. It matches
@@ -220,7 +216,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if err != nil {
 		var ke *keyError
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
-			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", quoteShort(t.Type()), err)
+			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", shortkey.Quote(t.Type()), err)
 		}
 		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
 		m.failed(ctx, t, err)
@@ -252,10 +248,10 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			// overlap.
 			return nil
 		}
-		return boundedError(fmt.Sprintf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, errors.Join(err, handlerErr))
+		return fmt.Errorf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", shortkey.Quote(t.Type()), idSuffix(id), shortkey.Show(key), errors.Join(err, handlerErr))
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = boundedError(fmt.Sprintf("asynqmutex: task %s%s: taking lock %s", quoteShort(t.Type()), idSuffix(id), showKey(key)), key, err)
+		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), shortkey.Show(key), err)
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -319,29 +315,14 @@ func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, key strin
 		logger = slog.Default()
 	}
 	logger.LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
-		slog.String("task_type", shorten(t.Type())),
+		slog.String("task_type", shortkey.Shorten(t.Type())),
 		slog.String("task_id", id),
-		slog.String("key", shorten(key)),
+		slog.String("key", shortkey.Shorten(key)),
 		slog.String("task", outcome),
-		slog.String("error", boundedText(key, err)))
+		slog.String("error", err.Error()))
 }
 
-// boundedError returns an error whose text is msg, then cause's text with key
-// shortened wherever it appears in it, and which wraps cause.
-func boundedError(msg, key string, cause error) error {
-	return &wrapError{msg: msg + ": " + boundedText(key, cause), err: cause}
-}
-
-// boundedText is err's text with key shortened wherever it appears in it.
-func boundedText(key string, err error) string {
-	text := err.Error()
-	if len(key) > maxShown {
-		text = strings.ReplaceAll(text, strconv.Quote(key), strconv.Quote(shorten(key)))
-		text = strings.ReplaceAll(text, key, shorten(key))
-	}
-	return text
-}
-
+// wrapError is an error with the text msg that wraps err.
 type wrapError struct {
 	msg string
 	err error
@@ -349,41 +330,6 @@ type wrapError struct {
 
 func (e *wrapError) Error() string { return e.msg }
 func (e *wrapError) Unwrap() error { return e.err }
-
-// maxShown is the length up to which error texts and logs show a key or a task
-// type whole.
-const maxShown = 100
-
-// shorten returns s as error texts and logs show it: whole up to maxShown bytes;
-// longer, its first 64 bytes (cut at a character boundary), "…" and the first 12
-// hex digits of its SHA-256, so that long keys stay told apart without the text
-// growing with them or repeating payload values at length.
-func shorten(s string) string {
-	if len(s) <= maxShown {
-		return s
-	}
-	sum := sha256.Sum256([]byte(s))
-	cut := 64
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…sha256:" + hex.EncodeToString(sum[:6])
-}
-
-// quoteShort is shorten(s) quoted as a Go string, for task types.
-func quoteShort(s string) string { return strconv.Quote(shorten(s)) }
-
-// showKey is the shortened key as error texts and logs show it: as it is when it
-// holds only printable characters (as keys from On do), quoted otherwise.
-func showKey(key string) string {
-	s := shorten(key)
-	for _, r := range s {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			return strconv.Quote(s)
-		}
-	}
-	return s
-}
 
 // taskRef and idSuffix name a task by its ID in errors, when asynq gave one.
 func taskRef(id string) string {

@@ -491,28 +491,3 @@ func TestErrorTextsBounded(t *testing.T) {
 		}
 	})
 }
-
-func TestShorten(t *testing.T) {
-	long := strings.Repeat("é", 80) // 160 bytes
-	tests := []struct{ in, want string }{
-		{"", ""},
-		{`["pay","t1"]`, `["pay","t1"]`},
-		{strings.Repeat("a", maxShown), strings.Repeat("a", maxShown)},
-		{long, strings.Repeat("é", 32) + "…sha256:"},
-		{strings.Repeat("a", 63) + long, strings.Repeat("a", 63) + "…sha256:"}, // cut before a character, not inside it
-	}
-	for _, tt := range tests {
-		got := shorten(tt.in)
-		if len(tt.in) <= maxShown && got != tt.in || !strings.HasPrefix(got, tt.want) || len(got) > max(len(tt.in), 64+len("…sha256:")+12) {
-			t.Errorf("shorten(%.20q…) = %q, want %q + a 12-digit digest", tt.in, got, tt.want)
-		}
-	}
-	if a, b := shorten(strings.Repeat("a", 200)+"1"), shorten(strings.Repeat("a", 200)+"2"); a == b {
-		t.Errorf("shorten gives %q for two different long keys, want the digest to tell them apart", a)
-	}
-	for in, want := range map[string]string{"a\nb": `"a\nb"`, "a\xffb": `"a\xffb"`, `["é"]`: `["é"]`} {
-		if got := showKey(in); got != want {
-			t.Errorf("showKey(%q) = %s, want %s", in, got, want)
-		}
-	}
-}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/asynqmutex/asynqmutex/mutex"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // Policy says what the middleware does with a task whose key another task holds
@@ -95,9 +97,9 @@ type LockedError struct {
 // the delay asked for. Only a server set up with Configure retries after RetryIn;
 // without it asynq's own backoff applies, and the text says so.
 func (e *LockedError) Error() string {
-	msg := "asynqmutex: lock " + showKey(e.Key) + " is held by another task"
+	msg := "asynqmutex: lock " + shortkey.Show(e.Key) + " is held by another task"
 	if e.taskType != "" {
-		msg = fmt.Sprintf("asynqmutex: task %s%s: lock %s is held by another task", quoteShort(e.taskType), idSuffix(e.taskID), showKey(e.Key))
+		msg = fmt.Sprintf("asynqmutex: task %s%s: lock %s is held by another task", shortkey.Quote(e.taskType), idSuffix(e.taskID), shortkey.Show(e.Key))
 	}
 	switch {
 	case e.archived:

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 type lockContextKey struct{}
@@ -67,7 +69,7 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 				// lost, and the key has changed hands since. fn ran under the lock.
 				uerr = nil
 			} else if leaseErr == nil {
-				leaseErr = fmt.Errorf("mutex: lease on %q ended before the release: %w", key, ErrNotHeld)
+				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", shortkey.Quote(key), ErrNotHeld)
 			}
 		}
 		switch {
@@ -128,7 +130,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 				lastErr = nil
 				next = sent.Add(every)
 			case errors.Is(err, ErrNotHeld):
-				err = fmt.Errorf("mutex: lease on %q lost: %w", l.key, ErrNotHeld)
+				err = fmt.Errorf("mutex: lease on %s lost: %w", shortkey.Quote(l.key), ErrNotHeld)
 				cancel(err)
 				return err
 			case ctx.Err() != nil:
@@ -144,7 +146,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		now := time.Now()
 		until := l.validUntil()
 		if !now.Before(until) {
-			err := fmt.Errorf("mutex: lease on %q ran out before it could be renewed: %w", l.key, ErrNotHeld)
+			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", shortkey.Quote(l.key), ErrNotHeld)
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}

@@ -40,6 +40,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 var (
@@ -227,9 +229,9 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	n, err := pttlScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token).Int64()
 	switch {
 	case err != nil:
-		return 0, fmt.Errorf("mutex: ttl of %q: %w", l.key, err)
+		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), err)
 	case n == -3:
-		return 0, fmt.Errorf("mutex: ttl of %q: %w", l.key, ErrNotHeld)
+		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), ErrNotHeld)
 	case n < 0:
 		return -1, nil // no expiry: someone removed it by hand
 	}
@@ -246,15 +248,15 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return ErrNotHeld
 	}
 	if err := checkTTL(ttl); err != nil {
-		return fmt.Errorf("mutex: extend %q: %w", l.key, err)
+		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
 	}
 	sent := time.Now()
 	n, err := extendScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token, ttl.Milliseconds()).Int64()
 	if err != nil {
-		return fmt.Errorf("mutex: extend %q: %w", l.key, err)
+		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
 	}
 	if n == 0 {
-		return fmt.Errorf("mutex: extend %q: %w", l.key, ErrNotHeld)
+		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), ErrNotHeld)
 	}
 	l.mu.Lock()
 	l.until = leaseEnd(sent, ttl)
@@ -279,10 +281,10 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	n, err := l.c.release(ctx, l.rkey, l.token, "")
 	if err != nil {
-		return fmt.Errorf("mutex: unlock %q: %w", l.key, err)
+		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
 	}
 	if n == 0 {
-		return fmt.Errorf("mutex: unlock %q: %w", l.key, ErrNotHeld)
+		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), ErrNotHeld)
 	}
 	return nil
 }
@@ -328,7 +330,7 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	n, err := lockedScript.Run(ctx, c.rdb, []string{c.redisKey(key)}).Int64()
 	if err != nil {
-		return false, fmt.Errorf("mutex: locked %q: %w", key, err)
+		return false, fmt.Errorf("mutex: locked %s: %w", shortkey.Quote(key), err)
 	}
 	return n == 1, nil
 }
@@ -354,7 +356,7 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 		return nil, errors.New("mutex: empty key")
 	}
 	if err := checkTTL(ttl); err != nil {
-		return nil, fmt.Errorf("mutex: lock %q: %w", key, err)
+		return nil, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(key), err)
 	}
 	a := &acquisition{c: c, key: key, rkey: c.redisKey(key), ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	for _, o := range opts {
@@ -395,7 +397,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		if ctx.Err() != nil {
 			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
 		}
-		return nil, 0, fmt.Errorf("mutex: lock %q: %w", a.key, err)
+		return nil, 0, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(a.key), err)
 	}
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -206,4 +207,24 @@ func TestTokensNeverInErrors(t *testing.T) {
 			assert.True(t, errors.Is(err, ErrNotObtained) || errors.Is(err, ErrNotHeld) || i == len(errs)-1, "error %d: %v", i, err)
 		}
 	})
+}
+
+func TestErrorsBounded(t *testing.T) {
+	// A key built from a payload can be megabytes: no error text may carry it whole.
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	c := New(rdb)
+	ctx := context.Background()
+	key := strings.Repeat("k", 1<<20)
+	l, err := c.TryLock(ctx, key, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, rdb.Del(ctx, c.redisKey(key)).Err())
+	_, ttlErr := l.TTL(ctx)
+	_, downErr := New(unreachable(t)).TryLock(ctx, key, time.Minute)
+	for i, err := range []error{l.Unlock(ctx), l.Extend(ctx, time.Minute), ttlErr, downErr} {
+		require.Error(t, err, "error %d", i)
+		assert.Less(t, len(err.Error()), 400, "error %d: %.200q", i, err)
+		assert.Contains(t, err.Error(), "sha256:", "error %d names the key by a digest", i)
+	}
 }

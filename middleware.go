@@ -93,10 +93,12 @@ func (c *config) setKey(by string, fn KeyFunc) {
 
 // TTL sets the lease of a task's lock. The middleware renews it every d/3 while the
 // handler runs, so d bounds how long a key stays locked after its worker died, not how
-// long a handler may run. The default is DefaultTTL (30 s). TTL panics if d < 1ms.
+// long a handler may run. The default is DefaultTTL (30 s). TTL panics if d lies
+// outside [mutex.MinTTL, mutex.MaxTTL] (20ms to 7 days): a shorter lease cannot be
+// renewed reliably, and every task would fail to lock.
 func TTL(d time.Duration) Option {
-	if d < time.Millisecond {
-		panic(fmt.Sprintf("asynqmutex.TTL: lease %v is below 1ms", d))
+	if d < mutex.MinTTL || d > mutex.MaxTTL {
+		panic(fmt.Sprintf("asynqmutex.TTL: lease %v outside [%v, %v] (mutex.MinTTL, mutex.MaxTTL)", d, mutex.MinTTL, mutex.MaxTTL))
 	}
 	return optionFunc(func(c *config) { c.ttl = d })
 }

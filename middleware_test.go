@@ -377,6 +377,8 @@ func TestOptionPanics(t *testing.T) {
 			Middleware(locks, On("a"), KeyBy(func(context.Context, *asynq.Task) (string, error) { return "", nil }))
 		}},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
+		{"TTL below MinTTL", "20ms", func() { TTL(3 * time.Millisecond) }},
+		{"TTL above MaxTTL", "168h0m0s", func() { TTL(math.MaxInt64) }},
 		{"MaxWait", "asynqmutex.MaxWait", func() { MaxWait(-time.Second) }},
 		{"RetryLater zero", "asynqmutex.RetryLater", func() { RetryLater(0) }},
 		{"RetryLater negative", "asynqmutex.RetryLater", func() { RetryLater(-time.Second) }},

@@ -144,7 +144,7 @@ func runMiddlewares(ctx context.Context, e *env, tasks int, payload func(int) []
 		}
 		s.reset()
 	}
-	return interleave(ctx, 0, names, sides)
+	return interleave(ctx, 0, 1, names, sides)
 }
 
 // quietLogger keeps asynq's errors, on stderr, and drops the rest.

@@ -150,22 +150,14 @@ func printGroup(out io.Writer, g *group, todo []scenario, results [][]figures) {
 			agg := m.aggregate(results[i])
 			fmt.Fprintf(out, "| %s | %s (%s) |", s.name, m.name, m.unit)
 			for _, c := range g.columns {
-				v, ok := agg[c.name]
-				if !ok {
-					v = nan()
-				}
-				fmt.Fprintf(out, " %s |", num(v))
+				fmt.Fprintf(out, " %s |", num(value(agg, c.name)))
 			}
 			var texts, verdicts []string
 			for _, gl := range m.goals {
 				texts = append(texts, gl.text())
-				verdicts = append(verdicts, gl.verdict(agg))
+				verdicts = append(verdicts, gl.verdict(agg, m.ratio(g, results[i], agg, gl.ref)))
 			}
-			own, ok := agg[ours]
-			if !ok {
-				own = nan()
-			}
-			fmt.Fprintf(out, " %s | %s | %s |\n", ratioText(own/bestPeer(g, m, agg)),
+			fmt.Fprintf(out, " %s | %s | %s |\n", ratioText(m.ratio(g, results[i], agg, "")),
 				strings.Join(texts, "; "), strings.Join(verdicts, "; "))
 		}
 	}
@@ -199,12 +191,36 @@ type column struct {
 // ours is the name of asynqmutex's column in every group.
 const ours = "asynqmutex"
 
-// bestPeer is the best value among g's peers in agg; NaN when none has one.
-func bestPeer(g *group, m metric, agg map[string]float64) float64 {
+// ratio is asynqmutex's figure over ref's, or, when ref is "", over the best peer's:
+// the median of the runs' ratios, each taken within one run, where the contenders
+// ran side by side; for a metric aggregated by its worst, the ratio of the worst.
+func (m metric) ratio(g *group, runs []figures, agg map[string]float64, ref string) float64 {
+	if m.worst {
+		return value(agg, ours) / m.reference(g, agg, ref)
+	}
+	var rs []float64
+	for _, figs := range runs {
+		vals := make(map[string]float64, len(figs))
+		for c, ms := range figs {
+			if v, ok := ms[m.name]; ok {
+				vals[c] = v
+			}
+		}
+		rs = append(rs, value(vals, ours)/m.reference(g, vals, ref))
+	}
+	return median(rs)
+}
+
+// reference is ref's value in vals or, when ref is "", the best of g's peers'; NaN
+// when there is none.
+func (m metric) reference(g *group, vals map[string]float64, ref string) float64 {
+	if ref != "" {
+		return value(vals, ref)
+	}
 	best := nan()
 	for _, c := range g.columns {
-		v, ok := agg[c.name]
-		if !c.peer || !ok || math.IsNaN(v) {
+		v := value(vals, c.name)
+		if !c.peer || math.IsNaN(v) {
 			continue
 		}
 		if math.IsNaN(best) || (m.higher && v > best) || (!m.higher && v < best) {
@@ -212,6 +228,14 @@ func bestPeer(g *group, m metric, agg map[string]float64) float64 {
 		}
 	}
 	return best
+}
+
+// value is vals[name], or NaN when it has none.
+func value(vals map[string]float64, name string) float64 {
+	if v, ok := vals[name]; ok {
+		return v
+	}
+	return nan()
 }
 
 // metric is one row of a table.
@@ -269,24 +293,21 @@ func (g goal) text() string {
 	return fmt.Sprintf("%s %g× %s", op, g.limit, g.ref)
 }
 
-// verdict is "pass" or "FAIL", followed by the ratio to ref; "–" when a figure is
-// missing.
-func (g goal) verdict(agg map[string]float64) string {
-	v, ok := agg[ours]
-	ratio := ""
+// verdict is "pass" or "FAIL", with the ratio when the goal has a reference; "–"
+// when a figure is missing. ratio is asynqmutex's figure over ref's (metric.ratio).
+func (g goal) verdict(agg map[string]float64, ratio float64) string {
+	v, suffix := value(agg, ours), ""
 	if g.ref != "" {
-		r, rok := agg[g.ref]
-		ok = ok && rok
-		ratio = " (" + ratioText(v/r) + ")"
-		v /= r
+		v, suffix = ratio, " ("+ratioText(ratio)+")"
 	}
-	if !ok || math.IsNaN(v) {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
 		return "–"
+	case (g.atLeast && v >= g.limit) || (!g.atLeast && v <= g.limit):
+		return "pass" + suffix
+	default:
+		return "FAIL" + suffix
 	}
-	if (g.atLeast && v >= g.limit) || (!g.atLeast && v <= g.limit) {
-		return "pass" + ratio
-	}
-	return "FAIL" + ratio
 }
 
 // side is one contender of a scenario. run works until the deadline (finishing the
@@ -298,9 +319,10 @@ type side interface {
 	reset() // drops the totals, after a warm-up
 }
 
-// interleave runs the sides in turn for each in all, forwards then backwards (a drift
-// linear in time touches them alike), and returns their figures by name.
-func interleave(ctx context.Context, each time.Duration, names []string, sides []side) (figures, error) {
+// interleave runs the sides in turn for each at a time, forwards then backwards (a
+// drift linear in time touches them alike), cycles times over, and returns their
+// figures by name.
+func interleave(ctx context.Context, each time.Duration, cycles int, names []string, sides []side) (figures, error) {
 	order := make([]int, 0, 2*len(sides))
 	for i := range sides {
 		order = append(order, i)
@@ -308,9 +330,11 @@ func interleave(ctx context.Context, each time.Duration, names []string, sides [
 	for i := range sides {
 		order = append(order, len(sides)-1-i)
 	}
-	for _, i := range order {
-		if err := sides[i].run(ctx, time.Now().Add(each)); err != nil {
-			return nil, fmt.Errorf("%s: %w", names[i], err)
+	for range cycles {
+		for _, i := range order {
+			if err := sides[i].run(ctx, time.Now().Add(each)); err != nil {
+				return nil, fmt.Errorf("%s: %w", names[i], err)
+			}
 		}
 	}
 	figs := make(figures, len(sides))

@@ -28,7 +28,7 @@ var scenarios = []scenario{
 			{name: "Redis server time", unit: "µs/op"},
 		},
 		run: func(ctx context.Context, e *env) (figures, error) {
-			return runContenders(ctx, e, []string{"uncontended"}, false, false, latencySides)
+			return runContenders(ctx, e, []string{"uncontended"}, false, false, opsSides(1))
 		},
 	},
 	{
@@ -43,7 +43,7 @@ var scenarios = []scenario{
 			for i := range keys {
 				keys[i] = "k:" + strconv.Itoa(i)
 			}
-			return runContenders(ctx, e, keys, true, false, manyKeysSides(8, keys))
+			return runContenders(ctx, e, keys, true, false, opsSides(8))
 		},
 	},
 	hotKey(8),
@@ -65,10 +65,15 @@ var scenarios = []scenario{
 // leaves the contender out.
 type sidesFor func(ctx context.Context, e *env, c contender, keys []string) (side, func(), error)
 
+// timeCycles is how many times a timed scenario cycles through its contenders,
+// forwards and backwards: load from elsewhere on a shared machine comes and goes
+// within seconds, and short turns spread it over all contenders.
+const timeCycles = 5
+
 // runContenders runs one lock scenario: a side per contender (only those that wait,
 // if waiting), each warmed up for 50ms, then interleaved. Each side runs for
-// e.d/(2 × sides) per turn, so the scenario lasts e.d; with rounds, a turn is one
-// round, bounded by e.d.
+// e.d/(2 × timeCycles × sides) per turn, so the scenario lasts e.d; with rounds, a
+// turn is one round, bounded by e.d, and there is one cycle.
 func runContenders(ctx context.Context, e *env, keys []string, waiting, rounds bool, mk sidesFor) (figures, error) {
 	var (
 		names []string
@@ -94,79 +99,26 @@ func runContenders(ctx context.Context, e *env, keys []string, waiting, rounds b
 		}
 		s.reset()
 	}
-	each := e.d / time.Duration(2*len(sides))
 	if rounds {
-		each = e.d
+		return interleave(ctx, e.d, 1, names, sides)
 	}
-	return interleave(ctx, each, names, sides)
+	return interleave(ctx, e.d/time.Duration(2*timeCycles*len(sides)), timeCycles, names, sides)
 }
 
-// latencySides: one goroutine locks and unlocks a free key, again and again.
-func latencySides(ctx context.Context, e *env, c contender, keys []string) (side, func(), error) {
-	l, err := c.open(ctx, e, keys)
-	if err != nil {
-		return nil, nil, err
-	}
-	return &latencySide{l: l, key: keys[0], m: e.meter(c.sent)}, l.close, nil
-}
-
-// latencySide runs lock+unlock back to back.
-type latencySide struct {
-	l   *locker
-	key string
-	m   *meter
-
-	ops     int64
-	elapsed time.Duration
-	usage
-}
-
-func (s *latencySide) reset() { s.ops, s.elapsed, s.usage = 0, 0, usage{} }
-
-func (s *latencySide) run(ctx context.Context, deadline time.Time) error {
-	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
-	defer cancel()
-	if err := s.m.start(ctx); err != nil {
-		return err
-	}
-	start := time.Now()
-	n := int64(0)
-	for ; time.Now().Before(deadline); n++ {
-		unlock, err := s.l.lock(ctx, s.key)
-		if err != nil {
-			return err
-		}
-		if err := unlock(ctx); err != nil {
-			return err
-		}
-	}
-	s.elapsed += time.Since(start)
-	s.ops += n
-	return s.m.stop(ctx, &s.usage)
-}
-
-func (s *latencySide) figures() map[string]float64 {
-	n := float64(s.ops)
-	return map[string]float64{
-		"latency":           float64(s.elapsed.Microseconds()) / n,
-		"Redis calls":       float64(s.calls) / n,
-		"Redis server time": float64(s.usec) / n,
-	}
-}
-
-// manyKeysSides: workers goroutines lock and unlock a key chosen at random among keys.
-func manyKeysSides(workers int, keys []string) sidesFor {
-	return func(ctx context.Context, e *env, c contender, _ []string) (side, func(), error) {
+// opsSides: workers goroutines lock and unlock a key chosen at random among the
+// scenario's keys, again and again.
+func opsSides(workers int) sidesFor {
+	return func(ctx context.Context, e *env, c contender, keys []string) (side, func(), error) {
 		l, err := c.open(ctx, e, keys)
 		if err != nil {
 			return nil, nil, err
 		}
-		return &manyKeysSide{l: l, keys: keys, workers: workers, m: e.meter(c.sent)}, l.close, nil
+		return &opsSide{l: l, keys: keys, workers: workers, m: e.meter(c.sent)}, l.close, nil
 	}
 }
 
-// manyKeysSide runs lock+unlock of random keys on workers goroutines until the deadline.
-type manyKeysSide struct {
+// opsSide runs lock+unlock of random keys on workers goroutines until the deadline.
+type opsSide struct {
 	l       *locker
 	keys    []string
 	workers int
@@ -177,12 +129,12 @@ type manyKeysSide struct {
 	usage
 }
 
-func (s *manyKeysSide) reset() { s.ops, s.elapsed, s.usage = 0, 0, usage{} }
+func (s *opsSide) reset() { s.ops, s.elapsed, s.usage = 0, 0, usage{} }
 
 // run counts over the steady state only: the first tenth of the time, when pools
 // dial and subscriptions open, is a warm-up whose one-off commands would otherwise be
 // spread over the operations and depend on the run's length.
-func (s *manyKeysSide) run(ctx context.Context, deadline time.Time) error {
+func (s *opsSide) run(ctx context.Context, deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
 	defer cancel()
 	var ops atomic.Int64
@@ -209,11 +161,13 @@ func (s *manyKeysSide) run(ctx context.Context, deadline time.Time) error {
 	return s.m.stop(ctx, &s.usage)
 }
 
-func (s *manyKeysSide) figures() map[string]float64 {
+func (s *opsSide) figures() map[string]float64 {
 	n := float64(s.ops)
 	return map[string]float64{
-		"throughput":  n / s.elapsed.Seconds(),
-		"Redis calls": float64(s.calls) / n,
+		"throughput":        n / s.elapsed.Seconds(),
+		"latency":           float64(s.elapsed.Microseconds()) * float64(s.workers) / n,
+		"Redis calls":       float64(s.calls) / n,
+		"Redis server time": float64(s.usec) / n,
 	}
 }
 

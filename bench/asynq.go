@@ -61,26 +61,22 @@ const (
 	hotWork  = 5 * time.Millisecond
 )
 
-// asynqGroup is the table of the middleware scenarios.
+// asynqGroup is the table of the middleware scenarios: a column per middleware.
 var asynqGroup = &group{
-	title: fmt.Sprintf("## Middleware: asynq v0.26.0 at its default intervals, concurrency %d", asynqConcurrency),
-	columns: []column{
-		{name: ours},
-		{name: "redislock by hand", peer: true},
-		{name: "bare asynq"},
-	},
+	title:   fmt.Sprintf("## Middleware: asynq v0.26.0 at its default intervals, concurrency %d", asynqConcurrency),
+	columns: columnsOf(middlewares),
 }
 
 // middleware is a contender of the middleware scenarios: wrap puts a lock, on the
 // connection pool lrdb, around the handler, and returns what to run before lrdb
 // closes; bare asynq has none.
 type middleware struct {
-	name string
+	column
 	wrap func(e *env, lrdb *redis.Client, waits bool) (func(asynq.Handler) asynq.Handler, func())
 }
 
 var middlewares = []middleware{
-	{name: ours, wrap: func(e *env, lrdb *redis.Client, waits bool) (func(asynq.Handler) asynq.Handler, func()) {
+	{column: column{name: ours}, wrap: func(e *env, lrdb *redis.Client, waits bool) (func(asynq.Handler) asynq.Handler, func()) {
 		opts := []asynqmutex.Option{asynqmutex.On("id")}
 		if waits {
 			opts = append(opts, asynqmutex.MaxWait(time.Minute))
@@ -88,10 +84,10 @@ var middlewares = []middleware{
 		locks := mutex.New(lrdb, mutex.Prefix(e.prefix+"asynqmutex:"))
 		return asynqmutex.Middleware(locks, opts...), func() { _ = locks.Close() } // it drops its subscription
 	}},
-	{name: "redislock by hand", wrap: func(e *env, lrdb *redis.Client, _ bool) (func(asynq.Handler) asynq.Handler, func()) {
+	{column: column{name: "redislock by hand", peer: true}, wrap: func(e *env, lrdb *redis.Client, _ bool) (func(asynq.Handler) asynq.Handler, func()) {
 		return byHand(redislock.New(lrdb), e.prefix+"byhand:"), func() {}
 	}},
-	{name: "bare asynq"},
+	{column: column{name: "bare asynq"}},
 }
 
 // byHand is the middleware a user would write on bsm/redislock: the key from the

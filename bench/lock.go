@@ -29,20 +29,12 @@ const (
 	peerRetry = time.Millisecond
 )
 
-// lockGroup is the table of the lock scenarios; its columns are the contenders.
-var lockGroup = &group{title: "## Locks", columns: []column{
-	{name: ours},
-	{name: "redislock 1ms", peer: true},
-	{name: "redislock default", peer: true},
-	{name: "redsync 1ms", peer: true},
-	{name: "redsync default", peer: true},
-	{name: "BLPOP reference"},
-	{name: "SET NX floor"},
-}}
+// lockGroup is the table of the lock scenarios: a column per contender.
+var lockGroup = &group{title: "## Locks", columns: columnsOf(contenders)}
 
 // contender is a lock the lock scenarios measure.
 type contender struct {
-	name string
+	column
 	// sent are the commands its clients send themselves: its server time is their
 	// commandstats usec, which for a script includes what the script runs.
 	sent []string
@@ -65,20 +57,19 @@ type locker struct {
 	close   func()
 }
 
-// contenders, in the columns' order. Every one but asynqmutex keeps its keys under
-// a prefix of its own.
+// contenders, in the columns' order. Each keeps its keys under a prefix of its own.
 var contenders = []contender{
-	{name: ours, sent: benchkit.LockCommands, waits: true, open: openOurs},
-	{name: "redislock 1ms", sent: []string{"evalsha", "eval"}, waits: true,
+	{column: column{name: ours}, sent: benchkit.LockCommands, waits: true, open: openOurs},
+	{column: column{name: "redislock 1ms", peer: true}, sent: []string{"evalsha", "eval"}, waits: true,
 		open: openRedislock("redislock-1ms:", &redislock.Options{RetryStrategy: redislock.LinearBackoff(peerRetry)})},
-	{name: "redislock default", sent: []string{"evalsha", "eval"},
+	{column: column{name: "redislock default", peer: true}, sent: []string{"evalsha", "eval"},
 		open: openRedislock("redislock-default:", nil)},
-	{name: "redsync 1ms", sent: []string{"set", "evalsha", "eval"}, waits: true,
+	{column: column{name: "redsync 1ms", peer: true}, sent: []string{"set", "evalsha", "eval"}, waits: true,
 		open: openRedsync("redsync-1ms:", redsync.WithExpiry(lockTTL), redsync.WithRetryDelay(peerRetry), redsync.WithTries(math.MaxInt32))},
-	{name: "redsync default", sent: []string{"set", "evalsha", "eval"}, waits: true,
+	{column: column{name: "redsync default", peer: true}, sent: []string{"set", "evalsha", "eval"}, waits: true,
 		open: openRedsync("redsync-default:")},
-	{name: "BLPOP reference", sent: []string{"blpop", "lpush"}, waits: true, open: openBLPOP},
-	{name: "SET NX floor", sent: benchkit.FloorCommands, waits: true, open: openFloor},
+	{column: column{name: "BLPOP reference"}, sent: []string{"blpop", "lpush"}, waits: true, open: openBLPOP},
+	{column: column{name: "SET NX floor"}, sent: benchkit.FloorCommands, waits: true, open: openFloor},
 }
 
 // openOurs: one mutex.Client; Lock, then Unlock.

@@ -116,8 +116,8 @@ func run(out io.Writer, o options) error {
 		}
 	}
 
-	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; %d runs, medians (fairness: worst round)\n",
-		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.runs)
+	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
+		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
 	for _, g := range []*group{lockGroup, asynqGroup} {
 		printGroup(out, g, todo, results)
 	}
@@ -185,7 +185,18 @@ type group struct {
 // column is a contender, as tables show it.
 type column struct {
 	name string
-	peer bool // a library a user would pick instead: a candidate for "best peer"
+	peer bool // what a user would pick instead of asynqmutex: a candidate for "best peer"
+}
+
+func (c column) col() column { return c }
+
+// columnsOf are the columns of contenders, in order.
+func columnsOf[C interface{ col() column }](contenders []C) []column {
+	cols := make([]column, len(contenders))
+	for i, c := range contenders {
+		cols[i] = c.col()
+	}
+	return cols
 }
 
 // ours is the name of asynqmutex's column in every group.

@@ -133,30 +133,35 @@ func (s *opsSide) reset() { s.ops, s.elapsed, s.usage = 0, 0, usage{} }
 
 // run counts over the steady state only: the first tenth of the time, when pools
 // dial and subscriptions open, is a warm-up whose one-off commands would otherwise be
-// spread over the operations and depend on the run's length.
+// spread over the operations and depend on the run's length. The workers stop
+// between the two, so that no operation straddles the meter's start.
 func (s *opsSide) run(ctx context.Context, deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
 	defer cancel()
 	var ops atomic.Int64
-	warm := time.Now().Add(time.Until(deadline) / 10)
-	wait := benchkit.StartWorkers(s.workers, func() bool { return time.Now().Before(deadline) }, func(int) error {
-		unlock, err := s.l.lock(ctx, s.keys[rand.N(len(s.keys))])
-		if err == nil {
-			err = unlock(ctx)
-		}
-		if err == nil {
-			ops.Add(1)
-		}
-		return err
-	})
-	time.Sleep(time.Until(warm))
-	measured := time.Now()
-	err := s.m.start(ctx)
-	ops0 := ops.Load()
-	if first := wait(); first != nil || err != nil {
-		return errors.Join(first, err)
+	work := func(until time.Time) error {
+		return benchkit.StartWorkers(s.workers, func() bool { return time.Now().Before(until) }, func(int) error {
+			unlock, err := s.l.lock(ctx, s.keys[rand.N(len(s.keys))])
+			if err == nil {
+				err = unlock(ctx)
+			}
+			if err == nil {
+				ops.Add(1)
+			}
+			return err
+		})()
 	}
-	s.elapsed += time.Since(measured)
+	if err := work(time.Now().Add(time.Until(deadline) / 10)); err != nil {
+		return err
+	}
+	if err := s.m.start(ctx); err != nil {
+		return err
+	}
+	ops0, start := ops.Load(), time.Now()
+	if err := work(deadline); err != nil {
+		return err
+	}
+	s.elapsed += time.Since(start)
 	s.ops += ops.Load() - ops0
 	return s.m.stop(ctx, &s.usage)
 }

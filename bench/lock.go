@@ -87,6 +87,8 @@ func openOurs(_ context.Context, e *env, _ []string) (*locker, error) {
 			return l.Unlock, nil
 		},
 		mark: hook.Attempts.Load,
+		// The key's Redis key is prefix + "{" + key + "}" (the scenarios' keys need no
+		// escaping), whose wait queue WaitBlocked looks at.
 		blocked: func(ctx context.Context, key string, n int64) error {
 			return benchkit.WaitBlocked(ctx, hook, n, e.stats, prefix, prefix+"{"+key+"}")
 		},

@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"time"
 
+	"github.com/bsm/redislock"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
@@ -17,40 +17,43 @@ import (
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
-// The middleware over bare asynq, on the same redis-server: the floor is the same
-// asynq server, with the same Config and handler, without the middleware.
+// The middleware scenarios (issue 8's "Speed"): real asynq servers on the same
+// redis-server, at asynq's default intervals.
 func init() {
 	scenarios = append(scenarios,
 		scenario{
-			name: "asynq: no-op tasks, distinct keys, concurrency 10",
+			name:  "asynq: no-op tasks, distinct keys",
+			group: asynqGroup,
 			metrics: []metric{
-				{name: "throughput", unit: "tasks/s", higher: true, goal: "lock ≥ 0.85 × floor", pass: rateAtLeast(0.85)},
-				{name: "round trips", unit: "per task"},
-				{name: "lock round trips", unit: "per task"},
-				{name: "redis CPU", unit: "µs/task"},
+				{name: "throughput", unit: "tasks/s", higher: true,
+					goals: []goal{atLeast(0.9, "bare asynq"), atLeast(1, "redislock by hand")}},
+				{name: "Redis CPU", unit: "µs/task"},
 				{name: "Go CPU", unit: "µs/task"},
+				{name: "Redis calls", unit: "per task"},
 			},
-			run: asynqOverhead,
+			run: func(ctx context.Context, e *env) (figures, error) {
+				distinct := func(i int) []byte { return []byte(`{"id":"` + strconv.Itoa(i) + `"}`) }
+				return runMiddlewares(ctx, e, e.tasks, distinct, func(context.Context) error { return nil }, true)
+			},
 		},
 		scenario{
-			name: fmt.Sprintf("asynq: %d × %v tasks, one key, concurrency 10", hotTasks, hotWork),
+			name:  fmt.Sprintf("asynq: %d × %v tasks, one key (ideal drain %v)", hotTasks, hotWork, hotTasks*hotWork),
+			group: asynqGroup,
 			metrics: []metric{
-				{name: "drain, MaxWait(1m)", unit: "ms", goal: "ratio ≤ 1.3", pass: ratioAtMost(1.3)},
-				{name: "drain, no lock, concurrency 1", unit: "ms"},
-				{name: "drain, RetryLater(1s)", unit: "ms"},
-				{name: "RetryLater(1s) done", unit: "tasks"},
-				{name: "RetryLater(1s) conflicts", unit: "per task done"},
+				{name: "drain", unit: "ms", goals: []goal{atMost(1, "redislock by hand")}},
+				{name: "Redis CPU", unit: "µs/task", goals: []goal{atMost(0.5, "redislock by hand")}},
+				{name: "Redis calls", unit: "per task"},
 			},
-			run: asynqHotKey,
+			run: func(ctx context.Context, e *env) (figures, error) {
+				hot := func(int) []byte { return []byte(`{"id":"hot"}`) }
+				work := func(ctx context.Context) error { return benchkit.Sleep(ctx, hotWork) }
+				return runMiddlewares(ctx, e, hotTasks, hot, work, false)
+			},
 		},
 	)
 }
 
 const (
-	// overheadTasks is the batch enqueued before each asynq server of the overhead
-	// scenario starts; the server runs until all are processed.
-	overheadTasks = 2000
-
 	asynqConcurrency = 10
 
 	// hotTasks tasks of hotWork each, on one key: ideally hotTasks × hotWork.
@@ -58,10 +61,86 @@ const (
 	hotWork  = 5 * time.Millisecond
 )
 
-// rateAtLeast is a goal on the lock's rate as a share of the floor's; ratio is
-// floor/lock for rates.
-func rateAtLeast(share float64) func(figure, float64) bool {
-	return func(_ figure, r float64) bool { return 1/r >= share }
+// asynqGroup is the table of the middleware scenarios: a column per middleware.
+var asynqGroup = &group{
+	title:   fmt.Sprintf("## Middleware: asynq v0.26.0 at its default intervals, concurrency %d", asynqConcurrency),
+	columns: columnsOf(middlewares),
+}
+
+// middleware is a contender of the middleware scenarios: wrap puts a lock, on the
+// connection pool lrdb, around the handler, and returns what to run before lrdb
+// closes; bare asynq has none.
+type middleware struct {
+	column
+	wrap func(e *env, lrdb *redis.Client, waits bool) (func(asynq.Handler) asynq.Handler, func())
+}
+
+var middlewares = []middleware{
+	{column: column{name: ours}, wrap: func(e *env, lrdb *redis.Client, waits bool) (func(asynq.Handler) asynq.Handler, func()) {
+		opts := []asynqmutex.Option{asynqmutex.On("id")}
+		if waits {
+			opts = append(opts, asynqmutex.MaxWait(time.Minute))
+		}
+		locks := mutex.New(lrdb, mutex.Prefix(e.prefix+"asynqmutex:"))
+		return asynqmutex.Middleware(locks, opts...), func() { _ = locks.Close() } // it drops its subscription
+	}},
+	{column: column{name: "redislock by hand", peer: true}, wrap: func(e *env, lrdb *redis.Client, _ bool) (func(asynq.Handler) asynq.Handler, func()) {
+		return byHand(redislock.New(lrdb), e.prefix+"byhand:"), func() {}
+	}},
+	{column: column{name: "bare asynq"}},
+}
+
+// byHand is the middleware a user would write on bsm/redislock: the key from the
+// task type and the payload's "id", Obtain retrying every 1 ms until the task's
+// context ends, Release deferred, no renewal.
+func byHand(locker *redislock.Client, prefix string) func(asynq.Handler) asynq.Handler {
+	opts := &redislock.Options{RetryStrategy: redislock.LinearBackoff(peerRetry)}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			var p struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(t.Payload(), &p); err != nil {
+				return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+			}
+			lock, err := locker.Obtain(ctx, prefix+t.Type()+":"+p.ID, lockTTL, opts)
+			if err != nil {
+				return err
+			}
+			defer lock.Release(context.WithoutCancel(ctx))
+			return next.ProcessTask(ctx, t)
+		})
+	}
+}
+
+// runMiddlewares runs one middleware scenario: a side per middleware (all, or only
+// those with a lock), each warmed up with one batch, then interleaved, one batch per
+// turn. The locks wait for a busy key when waits is set (the hot key).
+func runMiddlewares(ctx context.Context, e *env, tasks int, payload func(int) []byte, work func(context.Context) error, withBare bool) (figures, error) {
+	var (
+		names []string
+		sides []side
+	)
+	for _, mw := range middlewares {
+		if mw.wrap == nil && !withBare {
+			continue
+		}
+		s := &asynqSide{e: e, tasks: tasks, payload: payload, work: work, m: e.meter(nil),
+			enq: e.redis(), rdb: e.redis()}
+		if mw.wrap != nil {
+			s.lrdb = e.redis()
+			s.wrap, s.closeLock = mw.wrap(e, s.lrdb, !withBare)
+		}
+		defer s.close()
+		names, sides = append(names, mw.name), append(sides, s)
+	}
+	for i, s := range sides {
+		if err := s.run(ctx, time.Now()); err != nil {
+			return nil, fmt.Errorf("%s: warm-up: %w", names[i], err)
+		}
+		s.reset()
+	}
+	return interleave(ctx, 0, 1, names, sides)
 }
 
 // quietLogger keeps asynq's errors, on stderr, and drops the rest.
@@ -69,241 +148,86 @@ var quietLogger = benchkit.QuietLogger(stderrln, stderrln)
 
 func stderrln(args ...any) { fmt.Fprintln(os.Stderr, args...) }
 
-// asynqSide runs batches through asynq servers (benchkit.Batch): enqueue a batch,
-// start a server, wait until every task of the batch ran its handler, shut the server
-// down. One Redis connection pool for asynq (and one for the lock) serves all its
-// batches, as a long-running worker process would.
+// asynqSide runs one batch per turn (benchkit.Batch): enqueue it, start a server,
+// wait until every task of the batch ran its handler, shut the server down. One
+// connection pool for asynq, and one for the lock, serve all its batches, as in a
+// long-running worker process.
 type asynqSide struct {
-	e           *env
-	tasks       int
-	concurrency int
-	payload     func(i int) []byte
-	work        func(ctx context.Context) error // the handler's work
-	wrap        func(asynq.Handler) asynq.Handler
-	configure   func(asynq.Config) asynq.Config
-	bound       time.Duration // of one batch, after its server started
+	e       *env
+	m       *meter
+	tasks   int
+	payload func(i int) []byte
+	work    func(ctx context.Context) error // the handler's work
+	wrap    func(asynq.Handler) asynq.Handler
 
-	enq        *redis.Client // enqueues; not counted
-	rdb        *redis.Client // asynq's
-	asynqTrips *benchkit.RoundTrips
-	lockTrips  *benchkit.RoundTrips // nil without the lock
-	lockRdb    *redis.Client        // the lock's; nil without it
-	conflicts  atomic.Int64         // tasks that did not get the lock (AfterFailure)
+	enq       *redis.Client // enqueues; not measured
+	rdb       *redis.Client // asynq's
+	lrdb      *redis.Client // the lock's; nil for bare asynq
+	closeLock func()        // runs before lrdb closes
 
-	totals batchResult
+	totals benchkit.BatchResult
+	usage
 }
 
-// batchResult is what one or more batches measured: benchkit's figures, and the CPU
-// time of the server and of this process over the same time.
-type batchResult struct {
-	benchkit.BatchResult
-	redisCPU time.Duration
-	goCPU    time.Duration
-}
+func (s *asynqSide) reset() { s.totals, s.usage = benchkit.BatchResult{}, usage{} }
 
-func (r *batchResult) add(o batchResult) {
-	r.BatchResult.Add(o.BatchResult)
-	r.redisCPU += o.redisCPU
-	r.goCPU += o.goCPU
-}
-
-func newAsynqSide(e *env, tasks, concurrency int) *asynqSide {
-	s := &asynqSide{e: e, tasks: tasks, concurrency: concurrency, asynqTrips: new(benchkit.RoundTrips), bound: opBound,
-		work: func(context.Context) error { return nil }}
-	s.payload = func(i int) []byte { return []byte(`{"id":"` + strconv.Itoa(i) + `"}`) }
-	s.enq = e.redis()
-	s.rdb = e.redis(s.asynqTrips)
-	return s
-}
-
-// withLock makes the side run its handler through the middleware, on a mutex.Client
-// of its own pool; close releases it.
-func (s *asynqSide) withLock(opts ...asynqmutex.Option) *mutex.Client {
-	s.lockTrips = new(benchkit.RoundTrips)
-	s.lockRdb = s.e.redis(s.lockTrips)
-	locks := mutex.New(s.lockRdb, mutex.Prefix(s.e.prefix))
-	count := asynqmutex.AfterFailure(func(context.Context, *asynq.Task, error) { s.conflicts.Add(1) })
-	s.wrap = asynqmutex.Middleware(locks, append(opts, count)...)
-	return locks
-}
-
-func (s *asynqSide) close(locks *mutex.Client) {
-	if locks != nil {
-		_ = locks.Close() // first: it drops its subscription, on lockRdb
-		s.lockRdb.Close()
+func (s *asynqSide) close() {
+	if s.lrdb != nil {
+		s.closeLock()
+		s.lrdb.Close()
 	}
 	s.enq.Close()
 	s.rdb.Close()
 }
 
-func (s *asynqSide) run(ctx context.Context, deadline time.Time) error {
-	for first := true; first || time.Now().Before(deadline); first = false {
-		r, err := s.batch(ctx)
-		if err != nil {
-			return err
-		}
-		if r.Done < r.Tasks {
-			return fmt.Errorf("%d of %d tasks done within %v", r.Done, r.Tasks, s.bound)
-		}
-		s.totals.add(r)
-	}
-	return nil
-}
-
-func (s *asynqSide) figures() map[string]float64 {
-	t := s.totals
-	n := float64(t.Done)
-	f := map[string]float64{
-		// The first handler call starts the clock: n-1 tasks per batch ran after it.
-		"throughput":  (n - float64(t.Done/s.tasks)) / t.Elapsed.Seconds(),
-		"round trips": float64(t.Trips+t.LockTrips) / n,
-		"redis CPU":   float64(t.redisCPU.Microseconds()) / n,
-		"Go CPU":      float64(t.goCPU.Microseconds()) / n,
-	}
-	if s.lockTrips != nil {
-		f["lock round trips"] = float64(t.LockTrips) / n
-	}
-	return f
-}
-
-// batch runs s.tasks tasks on a queue of their own until they are all handled or
-// s.bound passes, and deletes the queue.
-func (s *asynqSide) batch(ctx context.Context) (batchResult, error) {
+// run runs one batch, whatever the deadline, on a queue of its own, which it deletes
+// afterwards.
+func (s *asynqSide) run(ctx context.Context, _ time.Time) error {
 	qname := s.e.prefix + "q:" + token()
 	defer func() {
 		if err := benchkit.DeleteQueue(s.e.stats, qname); err != nil {
 			fmt.Fprintln(os.Stderr, "bench: deleting queue:", err)
 		}
 	}()
-	var (
-		r         batchResult
-		cpu0, go0 time.Duration
-	)
 	b := benchkit.Batch{Enq: s.enq, Rdb: s.rdb, Queue: qname,
-		Tasks: s.tasks, Concurrency: s.concurrency, Payload: s.payload, Work: s.work,
-		Wrap: s.wrap, Configure: s.configure, Logger: quietLogger, Bound: s.bound,
-		Trips: s.asynqTrips, LockTrips: s.lockTrips, Conflicts: &s.conflicts,
-		Start: func() (err error) {
-			cpu0, err = redisCPU(ctx, s.e.stats)
-			go0 = processCPU()
-			return err
-		},
-		Stop: func() error {
-			r.goCPU = processCPU() - go0
-			cpu1, err := redisCPU(ctx, s.e.stats)
-			r.redisCPU = cpu1 - cpu0
-			return err
-		},
+		Tasks: s.tasks, Concurrency: asynqConcurrency, Payload: s.payload, Work: s.work,
+		Wrap: s.wrap, Configure: defaultIntervals, Logger: quietLogger, Bound: s.bound(),
+		Start: func() error { return s.m.start(ctx) },
+		Stop:  func() error { return s.m.stop(ctx, &s.usage) },
 	}
-	var err error
-	r.BatchResult, err = b.Run(ctx)
+	r, err := b.Run(ctx)
 	if err != nil {
-		return batchResult{}, err
-	}
-	return r, nil
-}
-
-// redisCPU is the CPU time the server used so far, user and system.
-func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
-	info, err := rdb.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0, err
-	}
-	var sum time.Duration
-	for _, field := range []string{"used_cpu_user", "used_cpu_sys"} {
-		v, ok := infoField(info, field)
-		if !ok {
-			return 0, fmt.Errorf("INFO cpu: no %s", field)
-		}
-		secs, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, fmt.Errorf("INFO cpu: %s: %w", field, err)
-		}
-		sum += time.Duration(secs * float64(time.Second))
-	}
-	return sum, nil
-}
-
-// asynqOverhead: overheadTasks no-op tasks with distinct keys, through asynq alone
-// and through the middleware with On("id"), interleaved.
-func asynqOverhead(ctx context.Context, e *env, d time.Duration) (map[string]figure, error) {
-	floor := newAsynqSide(e, overheadTasks, asynqConcurrency)
-	defer floor.close(nil)
-	lock := newAsynqSide(e, overheadTasks, asynqConcurrency)
-	locks := lock.withLock(asynqmutex.On("id"))
-	defer lock.close(locks)
-	// Warm both pools and load the scripts outside the measurement.
-	for _, s := range []*asynqSide{floor, lock} {
-		if _, err := s.batch(ctx); err != nil {
-			return nil, err
-		}
-	}
-	return interleave(ctx, d, floor, lock)
-}
-
-// asynqHotKey: hotTasks tasks of hotWork each, all on one key, at concurrency 10,
-// with MaxWait and with RetryLater; the floor is the ideal, hotTasks × hotWork run
-// back to back. For reference, the same tasks without the lock at concurrency 1:
-// what asynq itself adds to serial work.
-func asynqHotKey(ctx context.Context, e *env, _ time.Duration) (map[string]figure, error) {
-	ideal := float64((hotTasks * hotWork).Milliseconds())
-	work := func(ctx context.Context) error { return benchkit.Sleep(ctx, hotWork) }
-	hot := func(int) []byte { return []byte(`{"id":"hot"}`) }
-	drain := func(s *asynqSide) (batchResult, error) {
-		s.work, s.payload = work, hot
-		return s.batch(ctx)
-	}
-	ms := func(r batchResult) float64 {
-		if r.Done < r.Tasks {
-			return nan()
-		}
-		return float64(r.Drain.Microseconds()) / 1e3
-	}
-	figs := make(map[string]figure)
-
-	serial := newAsynqSide(e, hotTasks, 1)
-	r, err := drain(serial)
-	serial.close(nil)
-	if err != nil {
-		return nil, err
-	}
-	figs["drain, no lock, concurrency 1"] = figure{ideal, ms(r)}
-
-	wait := newAsynqSide(e, hotTasks, asynqConcurrency)
-	locks := wait.withLock(asynqmutex.On("id"), asynqmutex.MaxWait(time.Minute))
-	r, err = drain(wait)
-	wait.close(locks)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	if r.Done < r.Tasks {
-		return nil, fmt.Errorf("MaxWait: %d of %d tasks done within %v", r.Done, r.Tasks, wait.bound)
+		return fmt.Errorf("%d of %d tasks done within %v", r.Done, r.Tasks, s.bound())
 	}
-	figs["drain, MaxWait(1m)"] = figure{ideal, ms(r)}
-
-	retry := newAsynqSide(e, hotTasks, asynqConcurrency)
-	locks = retry.withLock(asynqmutex.On("id"), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)))
-	retry.configure = asynqmutex.Configure
-	// asynq's whole-second retry times and the policy's backoff make this drain slow
-	// (see README.md): it is bounded by -retrylater, and what it did by then reported.
-	retry.bound = e.retryLater
-	r, err = drain(retry)
-	retry.close(locks)
-	if err != nil {
-		return nil, err
-	}
-	figs["drain, RetryLater(1s)"] = figure{ideal, ms(r)}
-	figs["RetryLater(1s) done"] = figure{nan(), float64(r.Done)}
-	figs["RetryLater(1s) conflicts"] = figure{nan(), float64(r.Conflicts) / float64(r.Done)}
-	return figs, nil
+	s.totals.Add(r)
+	return nil
 }
 
-// infoField is the value of field in an INFO reply.
-func infoField(info, field string) (string, bool) {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v, true
-		}
+// bound is how long a batch may take once its server started: opBound, and 1 ms more
+// per task.
+func (s *asynqSide) bound() time.Duration { return opBound + time.Duration(s.tasks)*time.Millisecond }
+
+// defaultIntervals undoes benchkit.AsynqConfig's short intervals: asynq then checks
+// an empty queue every second and moves retries back every 5 s, as it does for users
+// who set neither.
+func defaultIntervals(cfg asynq.Config) asynq.Config {
+	cfg.TaskCheckInterval, cfg.DelayedTaskCheckInterval = 0, 0
+	return cfg
+}
+
+func (s *asynqSide) figures() map[string]float64 {
+	t := s.totals
+	n := float64(t.Done)
+	batches := float64(t.Done / s.tasks)
+	return map[string]float64{
+		// The first handler call starts the clock: n-1 tasks per batch ran after it.
+		"throughput":  (n - batches) / t.Elapsed.Seconds(),
+		"drain":       float64(t.Drain.Microseconds()) / 1e3 / batches,
+		"Redis CPU":   float64(s.redisCPU.Microseconds()) / n,
+		"Go CPU":      float64(s.goCPU.Microseconds()) / n,
+		"Redis calls": float64(s.calls) / n,
 	}
-	return "", false
 }

@@ -1,12 +1,16 @@
-// Command bench measures asynqmutex against a floor measured in the same run, on the
-// same redis-server, and prints a Markdown table of the ratios and the goals.
+// Command bench measures asynqmutex side by side with its peers, bsm/redislock and
+// go-redsync/redsync, and with references that bound what a Redis lock can do (a
+// notified BLPOP lock, a raw SET NX/DEL floor), in the same run on the same
+// redis-server, and prints Markdown tables of every figure, its ratio to the best
+// peer, and the goals.
 //
-//	go run ./bench              # starts its own redis-server on 127.0.0.1
-//	REDIS_ADDR=127.0.0.1:6379 go run ./bench -d 5s -runs 5
+//	go run .                 # in bench/: starts its own redis-server on 127.0.0.1
+//	REDIS_ADDR=127.0.0.1:6379 go run . -d 5s -runs 5 -tasks 20000
 //
-// Machines are shared and noisy, so absolute figures mean little: every scenario
-// measures its floor and the lock alternately (floor, lock, lock, floor, floor, lock)
-// in one run, and the table reports the median of -runs runs. See README.md.
+// It is a module of its own so that the peer libraries stay out of what users of
+// asynqmutex compile. Machines are shared and noisy, so absolute figures mean little:
+// every scenario runs its contenders in turn, forwards then backwards, so that drift
+// touches them alike, and the tables report the median of -runs runs. See README.md.
 package main
 
 import (
@@ -31,23 +35,35 @@ import (
 )
 
 func main() {
-	d := flag.Duration("d", 3*time.Second, "time per scenario and run, floor and lock together")
-	runs := flag.Int("runs", 3, "runs of every scenario; the table shows the medians")
-	only := flag.String("only", "", "run only the scenarios whose name contains this")
-	verbose := flag.Bool("v", false, "print every run's figures to stderr")
-	retryLater := flag.Duration("retrylater", 15*time.Second, "bound on the asynq hot-key drain under RetryLater, which is slow by design")
+	var o options
+	flag.DurationVar(&o.d, "d", 2*time.Second, "time per lock scenario and run, all contenders together; also the bound of one hot-key round")
+	flag.IntVar(&o.runs, "runs", 3, "runs of every scenario; the tables show the medians (fairness: the worst round)")
+	flag.IntVar(&o.round, "round", 1000, "acquisitions per hot-key round, over which fairness is taken")
+	flag.IntVar(&o.tasks, "tasks", 5000, "no-op tasks per asynq batch on distinct keys; one batch per contender, twice per run")
+	flag.StringVar(&o.only, "only", "", "run only the scenarios whose name contains this")
+	flag.BoolVar(&o.verbose, "v", false, "print every run's figures to stderr")
 	flag.Parse()
-	if *d < 100*time.Millisecond || *runs < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -d must be at least 100ms and -runs at least 1")
+	if o.d < 100*time.Millisecond || o.runs < 1 || o.round < 10 || o.tasks < 100 {
+		fmt.Fprintln(os.Stderr, "bench: want -d ≥ 100ms, -runs ≥ 1, -round ≥ 10, -tasks ≥ 100")
 		os.Exit(2)
 	}
-	if err := run(os.Stdout, *d, *runs, *only, *verbose, *retryLater); err != nil {
+	if err := run(os.Stdout, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out io.Writer, d time.Duration, runs int, only string, verbose bool, retryLater time.Duration) error {
+// options are the command's flags.
+type options struct {
+	d       time.Duration
+	runs    int
+	round   int
+	tasks   int
+	only    string
+	verbose bool
+}
+
+func run(out io.Writer, o options) error {
 	addr, stop, err := redisAddr()
 	if err != nil {
 		return err
@@ -56,8 +72,8 @@ func run(out io.Writer, d time.Duration, runs int, only string, verbose bool, re
 
 	var tok [6]byte
 	_, _ = rand.Read(tok[:])
-	e := &env{addr: addr, prefix: "asynqmutex-bench:" + hex.EncodeToString(tok[:]) + ":", retryLater: retryLater}
-	e.stats = e.redis()
+	e := &env{addr: addr, prefix: "asynqmutex-bench:" + hex.EncodeToString(tok[:]) + ":", options: o}
+	e.stats = redis.NewClient(&redis.Options{Addr: addr})
 	defer e.stats.Close()
 	defer e.cleanup()
 	ctx := context.Background()
@@ -68,153 +84,290 @@ func run(out io.Writer, d time.Duration, runs int, only string, verbose bool, re
 
 	var todo []scenario
 	for _, s := range scenarios {
-		if strings.Contains(s.name, only) {
+		if strings.Contains(s.name, o.only) {
 			todo = append(todo, s)
 		}
 	}
 	if len(todo) == 0 {
-		return fmt.Errorf("no scenario matches -only %q", only)
+		return fmt.Errorf("no scenario matches -only %q", o.only)
 	}
 	// Every run measures every scenario once, so drift over the whole program
 	// touches all scenarios alike.
-	results := make([][]map[string]figure, len(todo))
-	for r := range runs {
+	results := make([][]figures, len(todo))
+	for r := range o.runs {
 		for i, s := range todo {
-			fmt.Fprintf(os.Stderr, "run %d/%d: %s\n", r+1, runs, s.name)
-			figs, err := s.run(ctx, e, d)
+			fmt.Fprintf(os.Stderr, "run %d/%d: %s\n", r+1, o.runs, s.name)
+			figs, err := s.run(ctx, e)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
-			if verbose {
+			if o.verbose {
 				for _, m := range s.metrics {
-					f := figs[m.name]
-					fmt.Fprintf(os.Stderr, "  %-28s floor %10.2f  lock %10.2f  %s\n", m.name, f.floor, f.lock, m.unit)
+					fmt.Fprintf(os.Stderr, "  %s (%s):", m.name, m.unit)
+					for _, c := range s.group.columns {
+						if v, ok := figs[c.name][m.name]; ok {
+							fmt.Fprintf(os.Stderr, "  %s %s", c.name, num(v))
+						}
+					}
+					fmt.Fprintln(os.Stderr)
 				}
 			}
 			results[i] = append(results[i], figs)
 		}
 	}
 
-	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; %d runs of %v per scenario, medians\n\n",
-		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runs, d)
-	fmt.Fprintln(out, "| scenario | metric | floor | lock | ratio | goal | result |")
-	fmt.Fprintln(out, "|---|---|--:|--:|--:|---|---|")
-	for i, s := range todo {
-		for _, m := range s.metrics {
-			var floors, locks, ratios []float64
-			for _, figs := range results[i] {
-				f := figs[m.name]
-				floors, locks = append(floors, f.floor), append(locks, f.lock)
-				ratios = append(ratios, m.ratio(f))
-			}
-			f := figure{floor: median(floors), lock: median(locks)}
-			ratio := median(ratios)
-			verdict := "info"
-			if m.pass != nil {
-				verdict = "FAIL"
-				if m.pass(f, ratio) {
-					verdict = "pass"
-				}
-			}
-			fmt.Fprintf(out, "| %s | %s (%s) | %s | %s | %s | %s | %s |\n",
-				s.name, m.name, m.unit, num(f.floor), num(f.lock), ratioText(ratio), m.goal, verdict)
-		}
+	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
+		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
+	for _, g := range []*group{lockGroup, asynqGroup} {
+		printGroup(out, g, todo, results)
 	}
-	fmt.Fprintln(out, "\nratio = lock cost / floor cost: lock/floor for times and commands, floor/lock for rates; above 1 the lock is slower.")
+	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")
 	return nil
 }
 
-// scenario measures a floor and the lock on the same server, alternately, for about
-// d, and returns a figure for each of its metrics by name.
-type scenario struct {
-	name    string
-	metrics []metric
-	run     func(ctx context.Context, e *env, d time.Duration) (map[string]figure, error)
+// printGroup prints the table of the group's scenarios among todo: a row per metric,
+// a column per contender.
+func printGroup(out io.Writer, g *group, todo []scenario, results [][]figures) {
+	header := false
+	for i, s := range todo {
+		if s.group != g {
+			continue
+		}
+		if !header {
+			header = true
+			fmt.Fprintf(out, "\n%s\n\n| scenario | figure |", g.title)
+			for _, c := range g.columns {
+				fmt.Fprintf(out, " %s |", c.name)
+			}
+			fmt.Fprintln(out, " ÷ best peer | goal | result |")
+			fmt.Fprint(out, "|---|---|")
+			for range g.columns {
+				fmt.Fprint(out, "--:|")
+			}
+			fmt.Fprintln(out, "--:|---|---|")
+		}
+		for _, m := range s.metrics {
+			agg := m.aggregate(results[i])
+			fmt.Fprintf(out, "| %s | %s (%s) |", s.name, m.name, m.unit)
+			for _, c := range g.columns {
+				fmt.Fprintf(out, " %s |", num(value(agg, c.name)))
+			}
+			var texts, verdicts []string
+			for _, gl := range m.goals {
+				texts = append(texts, gl.text())
+				verdicts = append(verdicts, gl.verdict(agg, m.ratio(g, results[i], agg, gl.ref)))
+			}
+			fmt.Fprintf(out, " %s | %s | %s |\n", ratioText(m.ratio(g, results[i], agg, "")),
+				strings.Join(texts, "; "), strings.Join(verdicts, "; "))
+		}
+	}
 }
 
-// metric is one row of the table.
+// scenario measures its contenders on the same server, in turn, and returns their
+// figures.
+type scenario struct {
+	name    string
+	group   *group
+	metrics []metric
+	run     func(ctx context.Context, e *env) (figures, error)
+}
+
+// figures are one run's values: by contender, then by metric. A contender lacks the
+// metrics that do not apply to it.
+type figures map[string]map[string]float64
+
+// group is a table: the scenarios that share its columns.
+type group struct {
+	title   string
+	columns []column
+}
+
+// column is a contender, as tables show it.
+type column struct {
+	name string
+	peer bool // what a user would pick instead of asynqmutex: a candidate for "best peer"
+}
+
+func (c column) col() column { return c }
+
+// columnsOf are the columns of contenders, in order.
+func columnsOf[C interface{ col() column }](contenders []C) []column {
+	cols := make([]column, len(contenders))
+	for i, c := range contenders {
+		cols[i] = c.col()
+	}
+	return cols
+}
+
+// ours is the name of asynqmutex's column in every group.
+const ours = "asynqmutex"
+
+// ratio is asynqmutex's figure over ref's, or, when ref is "", over the best peer's:
+// the median of the runs' ratios, each taken within one run, where the contenders
+// ran side by side; for a metric aggregated by its worst, the ratio of the worst.
+func (m metric) ratio(g *group, runs []figures, agg map[string]float64, ref string) float64 {
+	if m.worst {
+		return value(agg, ours) / m.reference(g, agg, ref)
+	}
+	var rs []float64
+	for _, figs := range runs {
+		vals := make(map[string]float64, len(figs))
+		for c, ms := range figs {
+			if v, ok := ms[m.name]; ok {
+				vals[c] = v
+			}
+		}
+		rs = append(rs, value(vals, ours)/m.reference(g, vals, ref))
+	}
+	return median(rs)
+}
+
+// reference is ref's value in vals or, when ref is "", the best of g's peers'; NaN
+// when there is none.
+func (m metric) reference(g *group, vals map[string]float64, ref string) float64 {
+	if ref != "" {
+		return value(vals, ref)
+	}
+	best := nan()
+	for _, c := range g.columns {
+		v := value(vals, c.name)
+		if !c.peer || math.IsNaN(v) {
+			continue
+		}
+		if math.IsNaN(best) || (m.higher && v > best) || (!m.higher && v < best) {
+			best = v
+		}
+	}
+	return best
+}
+
+// value is vals[name], or NaN when it has none.
+func value(vals map[string]float64, name string) float64 {
+	if v, ok := vals[name]; ok {
+		return v
+	}
+	return nan()
+}
+
+// metric is one row of a table.
 type metric struct {
 	name   string
 	unit   string
-	higher bool   // higher is better (a rate); otherwise lower is (a time, a count)
-	goal   string // as the table shows it; "" when the row is for information
-	pass   func(f figure, ratio float64) bool
+	higher bool // higher is better (a rate, fairness); otherwise lower is (a time, a count)
+	worst  bool // over runs, take the worst value rather than the median
+	goals  []goal
 }
 
-// ratio is the lock's cost over the floor's: above 1 the lock is slower.
-func (m metric) ratio(f figure) float64 {
-	if m.higher {
-		return f.floor / f.lock
+// aggregate is each contender's value over the runs: the median, or the worst.
+func (m metric) aggregate(runs []figures) map[string]float64 {
+	vals := make(map[string][]float64)
+	for _, figs := range runs {
+		for c, ms := range figs {
+			if v, ok := ms[m.name]; ok {
+				vals[c] = append(vals[c], v)
+			}
+		}
 	}
-	return f.lock / f.floor
+	agg := make(map[string]float64, len(vals))
+	for c, vs := range vals {
+		switch {
+		case !m.worst:
+			agg[c] = median(vs)
+		case m.higher:
+			agg[c] = slices.Min(vs)
+		default:
+			agg[c] = slices.Max(vs)
+		}
+	}
+	return agg
 }
 
-// figure is one metric's value for the floor and for the lock. A NaN floor means
-// the metric has none.
-type figure struct{ floor, lock float64 }
-
-// ratioAtMost is a goal on the ratio.
-func ratioAtMost(limit float64) func(figure, float64) bool {
-	return func(_ figure, r float64) bool { return r <= limit }
+// goal is asynqmutex's figure compared with a limit: at most or at least limit times
+// the figure of the contender ref, or, when ref is "", the limit itself.
+type goal struct {
+	atLeast bool
+	limit   float64
+	ref     string
 }
 
-// lockBelow and lockAtMost are goals on the lock's own figure.
-func lockBelow(limit float64) func(figure, float64) bool {
-	return func(f figure, _ float64) bool { return f.lock < limit }
+func atMost(limit float64, ref string) goal  { return goal{limit: limit, ref: ref} }
+func atLeast(limit float64, ref string) goal { return goal{atLeast: true, limit: limit, ref: ref} }
+
+func (g goal) text() string {
+	op := "≤"
+	if g.atLeast {
+		op = "≥"
+	}
+	if g.ref == "" {
+		return fmt.Sprintf("%s %g", op, g.limit)
+	}
+	return fmt.Sprintf("%s %g× %s", op, g.limit, g.ref)
 }
 
-func lockAtMost(limit float64) func(figure, float64) bool {
-	return func(f figure, _ float64) bool { return f.lock <= limit }
+// verdict is "pass" or "FAIL", with the ratio when the goal has a reference; "–"
+// when a figure is missing. ratio is asynqmutex's figure over ref's (metric.ratio).
+func (g goal) verdict(agg map[string]float64, ratio float64) string {
+	v, suffix := value(agg, ours), ""
+	if g.ref != "" {
+		v, suffix = ratio, " ("+ratioText(ratio)+")"
+	}
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return "–"
+	case (g.atLeast && v >= g.limit) || (!g.atLeast && v <= g.limit):
+		return "pass" + suffix
+	default:
+		return "FAIL" + suffix
+	}
 }
 
-// side is the floor or the lock half of a scenario. run works until the deadline
-// (finishing the operation in progress) and adds to the side's totals; figures turns
-// the totals into metrics by name.
+// side is one contender of a scenario. run works until the deadline (finishing the
+// operation in progress, or, for a side that works in rounds or batches, one round or
+// batch) and adds to the side's totals; figures turns the totals into metrics by name.
 type side interface {
 	run(ctx context.Context, deadline time.Time) error
 	figures() map[string]float64
+	reset() // drops the totals, after a warm-up
 }
 
-// chunks is the order in which interleave runs the sides: ABBAAB cancels a drift
-// that is linear in time.
-var chunks = []bool{false, true, true, false, false, true} // true: lock
-
-// interleave runs floor and lock alternately, for d in all, and pairs their figures.
-func interleave(ctx context.Context, d time.Duration, floor, lock side) (map[string]figure, error) {
-	each := d / time.Duration(len(chunks))
-	for _, isLock := range chunks {
-		s := floor
-		if isLock {
-			s = lock
-		}
-		if err := s.run(ctx, time.Now().Add(each)); err != nil {
-			return nil, err
+// interleave runs the sides in turn for each at a time, forwards then backwards (a
+// drift linear in time touches them alike), cycles times over, and returns their
+// figures by name.
+func interleave(ctx context.Context, each time.Duration, cycles int, names []string, sides []side) (figures, error) {
+	order := make([]int, 0, 2*len(sides))
+	for i := range sides {
+		order = append(order, i)
+	}
+	for i := range sides {
+		order = append(order, len(sides)-1-i)
+	}
+	for range cycles {
+		for _, i := range order {
+			if err := sides[i].run(ctx, time.Now().Add(each)); err != nil {
+				return nil, fmt.Errorf("%s: %w", names[i], err)
+			}
 		}
 	}
-	ff, lf := floor.figures(), lock.figures()
-	figs := make(map[string]figure, len(lf))
-	for name, v := range lf {
-		f, ok := ff[name]
-		if !ok {
-			f = nan()
-		}
-		figs[name] = figure{floor: f, lock: v}
+	figs := make(figures, len(sides))
+	for i, s := range sides {
+		figs[names[i]] = s.figures()
 	}
 	return figs, nil
 }
 
-// env is the Redis the scenarios share.
+// env is the Redis the scenarios share, and the command's options.
 type env struct {
 	addr   string
 	prefix string // of every key and channel of this run, so cleanup finds them
 	stats  *redis.Client
-
-	retryLater time.Duration // bound on the asynq RetryLater drain (-retrylater)
+	options
 }
 
-// redis returns a new client of the server; the caller closes it.
+// redis returns a new client of the server; the caller closes it. Its pool holds 64
+// connections, more than the goroutines of any scenario, so a contender that blocks
+// on a connection (BLPOP) never waits for the pool instead.
 func (e *env) redis(hooks ...redis.Hook) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: e.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64})
 	for _, h := range hooks {
 		rdb.AddHook(h)
 	}
@@ -285,12 +438,20 @@ func serverVersion(ctx context.Context, rdb *redis.Client) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v, nil
-		}
+	if v, ok := infoField(info, "redis_version"); ok {
+		return v, nil
 	}
 	return "?", nil
+}
+
+// infoField is the value of field in an INFO reply.
+func infoField(info, field string) (string, bool) {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 func median(xs []float64) float64 {
@@ -309,7 +470,7 @@ func nan() float64 { return math.NaN() }
 
 func num(x float64) string {
 	switch {
-	case math.IsNaN(x):
+	case math.IsNaN(x) || math.IsInf(x, 0):
 		return "–"
 	case x >= 1000:
 		return fmt.Sprintf("%.0f", x)

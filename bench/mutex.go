@@ -3,8 +3,9 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -12,187 +13,372 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/internal/benchkit"
-	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
-// The scenarios of package mutex. Each compares the lock with the least Redis work
-// that does the same job: SET NX PX + DEL for a lock, DEL + PUBLISH and SET NX for
-// a wake-up handoff, a SET NX spin lock for contention. Middleware scenarios go in
-// their own files and append to scenarios in an init function.
+// The lock scenarios (issue 7's table). Each runs every contender that applies, in
+// turn; middleware scenarios go in their own files and append to scenarios in an init
+// function.
 var scenarios = []scenario{
 	{
-		name: "uncontended TryLock+Unlock",
+		name:  "uncontended lock+unlock",
+		group: lockGroup,
 		metrics: []metric{
-			{name: "latency", unit: "µs/op", goal: "ratio ≤ 1.1", pass: ratioAtMost(1.1)},
-			{name: "commands", unit: "cmds/op"},
-			{name: "server time", unit: "µs/op"},
+			{name: "latency", unit: "µs/op", goals: []goal{atMost(1.05, "redislock 1ms")}},
+			{name: "Redis calls", unit: "per op", goals: []goal{atMost(7, "")}},
+			{name: "Redis server time", unit: "µs/op"},
 		},
-		run: uncontended,
+		run: func(ctx context.Context, e *env) (figures, error) {
+			return runContenders(ctx, e, []string{"uncontended"}, false, false, opsSides(1))
+		},
 	},
 	{
-		name: "handoff to a blocked waiter",
+		name:  "8 goroutines × 1,000 keys",
+		group: lockGroup,
 		metrics: []metric{
-			{name: "median", unit: "µs", goal: "lock < 1000 µs", pass: lockBelow(1000)},
+			{name: "throughput", unit: "ops/s", higher: true, goals: []goal{atLeast(1, "redislock 1ms")}},
+			{name: "Redis calls", unit: "per op"},
+		},
+		run: func(ctx context.Context, e *env) (figures, error) {
+			keys := make([]string, 1000)
+			for i := range keys {
+				keys[i] = "k:" + strconv.Itoa(i)
+			}
+			return runContenders(ctx, e, keys, true, false, opsSides(8))
+		},
+	},
+	hotKey(8),
+	hotKey(32),
+	{
+		name:  "handoff to one blocked waiter",
+		group: lockGroup,
+		metrics: []metric{
+			{name: "p50", unit: "µs", goals: []goal{atMost(1.3, "BLPOP reference")}},
 			{name: "p99", unit: "µs"},
-			{name: "waiter attempts", unit: "per handoff"},
 		},
-		run: handoff,
-	},
-	{
-		name:    "8 goroutines × 1 key, 1 Client",
-		metrics: contendedMetrics(false),
-		run:     contendedRun(1, 1),
-	},
-	{
-		name:    "8 goroutines × 1 key, 8 Clients",
-		metrics: contendedMetrics(false),
-		run:     contendedRun(1, 8),
-	},
-	{
-		name:    "8 goroutines × 1000 keys, 1 Client",
-		metrics: contendedMetrics(true),
-		run:     contendedRun(1000, 1),
+		run: func(ctx context.Context, e *env) (figures, error) {
+			return runContenders(ctx, e, []string{"handoff"}, true, false, handoffSides)
+		},
 	},
 }
 
-const (
-	lockTTL = 30 * time.Second
+// sidesFor makes a contender's side of a scenario, and what closes it; a nil side
+// leaves the contender out.
+type sidesFor func(ctx context.Context, e *env, c contender, keys []string) (side, func(), error)
 
-	// opBound bounds every Redis call and every wait of a scenario, so a lost
-	// wake-up or a dead server ends the program with an error instead of hanging it.
-	opBound = 30 * time.Second
+// timeCycles is how many times a timed scenario cycles through its contenders,
+// forwards and backwards: load from elsewhere on a shared machine comes and goes
+// within seconds, and short turns spread it over all contenders.
+const timeCycles = 5
 
-	// hubLinger exceeds how long a mutex.Client keeps its subscription connection
-	// after the last waiter left; waiting it out before closing the connection pool
-	// keeps go-redis from logging a connection broken under a read.
-	hubLinger = 300 * time.Millisecond
-)
-
-func contendedRun(keys, clients int) func(context.Context, *env, time.Duration) (map[string]figure, error) {
-	return func(ctx context.Context, e *env, d time.Duration) (map[string]figure, error) {
-		return contended(ctx, e, d, keys, clients)
-	}
-}
-
-func contendedMetrics(rateGoal bool) []metric {
-	rate := metric{name: "throughput", unit: "acq/s", higher: true}
-	cmds := metric{name: "commands", unit: "cmds/acq", goal: "lock ≤ 3", pass: lockAtMost(3)}
-	if rateGoal {
-		rate.goal, rate.pass = "ratio ≤ 1.1", ratioAtMost(1.1)
-		cmds.goal, cmds.pass = "", nil
-	}
-	return []metric{rate, cmds, {name: "failed attempts", unit: "per acq"}}
-}
-
-// token is a random lock token for the floor, like the lock's own.
-func token() string {
-	return strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)
-}
-
-// uncontended: one goroutine takes and releases a free key, again and again.
-func uncontended(ctx context.Context, e *env, d time.Duration) (map[string]figure, error) {
-	frdb, lrdb := e.redis(), e.redis()
-	defer frdb.Close()
-	defer lrdb.Close()
-	locks := mutex.New(lrdb, mutex.Prefix(e.prefix))
-	fkey, lkey := e.prefix+"floor:uncontended", "uncontended"
-	floor := &latencySide{stats: e.stats, cmds: benchkit.FloorCommands, op: func(ctx context.Context) error {
-		ok, err := benchkit.SetNX(ctx, frdb, fkey, token(), lockTTL)
-		if err == nil && !ok {
-			err = fmt.Errorf("SET NX %s: not set", fkey)
+// runContenders runs one lock scenario: a side per contender (only those that wait,
+// if waiting), each warmed up for 50ms, then interleaved. Each side runs for
+// e.d/(2 × timeCycles × sides) per turn, so the scenario lasts e.d; with rounds, a
+// turn is one round, bounded by e.d, and there is one cycle.
+func runContenders(ctx context.Context, e *env, keys []string, waiting, rounds bool, mk sidesFor) (figures, error) {
+	var (
+		names []string
+		sides []side
+	)
+	for _, c := range contenders {
+		if waiting && !c.waits {
+			continue
 		}
+		s, closeSide, err := mk(ctx, e, c, keys)
 		if err != nil {
-			return err
-		}
-		return frdb.Del(ctx, fkey).Err()
-	}}
-	lock := &latencySide{stats: e.stats, cmds: benchkit.LockCommands, op: func(ctx context.Context) error {
-		l, err := locks.TryLock(ctx, lkey, lockTTL)
-		if err != nil {
-			return err
-		}
-		return l.Unlock(ctx)
-	}}
-	// Warm both pools and load the scripts outside the measurement.
-	for _, s := range []*latencySide{floor, lock} {
-		if err := s.op(ctx); err != nil {
 			return nil, err
 		}
+		if s == nil {
+			continue
+		}
+		defer closeSide()
+		names, sides = append(names, c.name), append(sides, s)
 	}
-	return interleave(ctx, d, floor, lock)
+	for i, s := range sides {
+		if err := s.run(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
+			return nil, errors.Join(errors.New(names[i]+": warm-up"), err)
+		}
+		s.reset()
+	}
+	if rounds {
+		return interleave(ctx, e.d, 1, names, sides)
+	}
+	return interleave(ctx, e.d/time.Duration(2*timeCycles*len(sides)), timeCycles, names, sides)
 }
 
-// latencySide runs op back to back.
-type latencySide struct {
-	stats *redis.Client
-	cmds  []string
-	op    func(context.Context) error
+// opsSides: workers goroutines lock and unlock a key chosen at random among the
+// scenario's keys, again and again.
+func opsSides(workers int) sidesFor {
+	return func(ctx context.Context, e *env, c contender, keys []string) (side, func(), error) {
+		l, err := c.open(ctx, e, keys)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &opsSide{l: l, keys: keys, workers: workers, m: e.meter(c.sent)}, l.close, nil
+	}
+}
+
+// opsSide runs lock+unlock of random keys on workers goroutines until the deadline.
+type opsSide struct {
+	l       *locker
+	keys    []string
+	workers int
+	m       *meter
 
 	ops     int64
 	elapsed time.Duration
-	server  benchkit.CmdStats
+	usage
 }
 
-func (s *latencySide) run(ctx context.Context, deadline time.Time) error {
-	before, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
+func (s *opsSide) reset() { s.ops, s.elapsed, s.usage = 0, 0, usage{} }
+
+// run counts over the steady state only: the first tenth of the time, when pools
+// dial and subscriptions open, is a warm-up whose one-off commands would otherwise be
+// spread over the operations and depend on the run's length. The workers stop
+// between the two, so that no operation straddles the meter's start.
+func (s *opsSide) run(ctx context.Context, deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
+	defer cancel()
+	var ops atomic.Int64
+	work := func(until time.Time) error {
+		return benchkit.StartWorkers(s.workers, func() bool { return time.Now().Before(until) }, func(int) error {
+			unlock, err := s.l.lock(ctx, s.keys[rand.N(len(s.keys))])
+			if err == nil {
+				err = unlock(ctx)
+			}
+			if err == nil {
+				ops.Add(1)
+			}
+			return err
+		})()
+	}
+	if err := work(time.Now().Add(time.Until(deadline) / 10)); err != nil {
+		return err
+	}
+	if err := s.m.start(ctx); err != nil {
+		return err
+	}
+	ops0, start := ops.Load(), time.Now()
+	if err := work(deadline); err != nil {
+		return err
+	}
+	s.elapsed += time.Since(start)
+	s.ops += ops.Load() - ops0
+	return s.m.stop(ctx, &s.usage)
+}
+
+func (s *opsSide) figures() map[string]float64 {
+	n := float64(s.ops)
+	return map[string]float64{
+		"throughput":        n / s.elapsed.Seconds(),
+		"latency":           float64(s.elapsed.Microseconds()) * float64(s.workers) / n,
+		"Redis calls":       float64(s.calls) / n,
+		"Redis server time": float64(s.usec) / n,
+	}
+}
+
+// hotKey: workers goroutines of one process lock and unlock one key, in rounds of
+// e.round acquisitions; fairness is, per round, the fewest acquisitions any goroutine
+// made over the most, and the table shows the worst round.
+func hotKey(workers int) scenario {
+	return scenario{
+		name:  "one hot key, " + strconv.Itoa(workers) + " goroutines",
+		group: lockGroup,
+		metrics: []metric{
+			{name: "throughput", unit: "acq/s", higher: true, goals: []goal{atLeast(1, "redislock 1ms")}},
+			{name: "wait p99", unit: "ms", goals: []goal{atMost(2, "BLPOP reference")}},
+			{name: "wait p50", unit: "ms"},
+			{name: "Redis calls", unit: "per acq", goals: []goal{atMost(7, "")}},
+			{name: "fairness, worst round", unit: "fewest/most", higher: true, worst: true, goals: []goal{atLeast(0.4, "")}},
+		},
+		run: func(ctx context.Context, e *env) (figures, error) {
+			return runContenders(ctx, e, []string{"hot"}, true, true,
+				func(ctx context.Context, e *env, c contender, keys []string) (side, func(), error) {
+					l, err := c.open(ctx, e, keys)
+					if err != nil {
+						return nil, nil, err
+					}
+					return &hotKeySide{l: l, key: keys[0], workers: workers, round: e.round, m: e.meter(c.sent)}, l.close, nil
+				})
+		},
+	}
+}
+
+// hotKeySide runs one round per turn: workers goroutines take the key until round
+// acquisitions are made or the deadline passes.
+type hotKeySide struct {
+	l       *locker
+	key     string
+	workers int
+	round   int
+	m       *meter
+
+	acqs     int64
+	elapsed  time.Duration
+	waits    []time.Duration // from calling lock to holding the key
+	fairness float64         // of the worst round so far; NaN before the first
+	usage
+}
+
+func (s *hotKeySide) reset() {
+	s.acqs, s.elapsed, s.waits, s.fairness, s.usage = 0, 0, nil, nan(), usage{}
+}
+
+func (s *hotKeySide) run(ctx context.Context, deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
+	defer cancel()
+	counts := make([]int, s.workers)
+	waits := make([][]time.Duration, s.workers) // each worker appends to its own
+	var claimed atomic.Int64
+	if err := s.m.start(ctx); err != nil {
+		return err
+	}
+	start := time.Now()
+	more := func() bool { return claimed.Add(1) <= int64(s.round) && time.Now().Before(deadline) }
+	err := benchkit.StartWorkers(s.workers, more, func(w int) error {
+		t0 := time.Now()
+		unlock, err := s.l.lock(ctx, s.key)
+		if err != nil {
+			return err
+		}
+		waits[w] = append(waits[w], time.Since(t0))
+		counts[w]++
+		return unlock(ctx)
+	})()
+	s.elapsed += time.Since(start)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
-	defer cancel()
-	start := time.Now()
-	n := int64(0)
-	for ; time.Now().Before(deadline); n++ {
-		if err := s.op(ctx); err != nil {
+	for w := range waits {
+		s.waits = append(s.waits, waits[w]...)
+		s.acqs += int64(counts[w])
+	}
+	if most := slices.Max(counts); most > 0 {
+		f := float64(slices.Min(counts)) / float64(most)
+		if math.IsNaN(s.fairness) || f < s.fairness { // NaN: the first round
+			s.fairness = f
+		}
+	}
+	return s.m.stop(ctx, &s.usage)
+}
+
+func (s *hotKeySide) figures() map[string]float64 {
+	p50, p99 := benchkit.Percentiles(s.waits)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+	n := float64(s.acqs)
+	return map[string]float64{
+		"throughput":            n / s.elapsed.Seconds(),
+		"wait p99":              ms(p99),
+		"wait p50":              ms(p50),
+		"Redis calls":           float64(s.calls) / n,
+		"fairness, worst round": s.fairness,
+	}
+}
+
+// handoffSides: two processes take turns on the key; the waiter calls lock while the
+// other holds it, and once it is blocked the holder releases. The SET NX floor is
+// floorHandoff, which does the same with a subscribed SET NX waiter.
+func handoffSides(ctx context.Context, e *env, c contender, keys []string) (side, func(), error) {
+	if c.name == "SET NX floor" {
+		h, err := newFloorHandoff(ctx, e)
+		if err != nil {
+			return nil, nil, err
+		}
+		return h, h.close, nil
+	}
+	h := &handoffSide{key: keys[0]}
+	for i := range h.lockers {
+		l, err := c.open(ctx, e, keys)
+		if err != nil {
+			h.close()
+			return nil, nil, err
+		}
+		h.lockers[i] = l
+	}
+	unlock, err := h.lockers[0].lock(ctx, h.key)
+	if err != nil {
+		h.close()
+		return nil, nil, err
+	}
+	h.unlock = unlock
+	return h, h.close, nil
+}
+
+// samples are handoff times: the time from just before the release to the waiter
+// holding the key.
+type samples []time.Duration
+
+func (s *samples) reset() { *s = nil }
+
+func (s samples) figures() map[string]float64 {
+	p50, p99 := benchkit.Percentiles(s)
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	if len(s) == 0 {
+		return map[string]float64{"p50": nan(), "p99": nan()}
+	}
+	return map[string]float64{"p50": us(p50), "p99": us(p99)}
+}
+
+// handoffSide: lockers[turn] holds the key, and unlock releases it.
+type handoffSide struct {
+	lockers [2]*locker
+	key     string
+	unlock  func(context.Context) error
+	turn    int
+	samples
+}
+
+// handed is when a waiter got the key, or why it did not.
+type handed struct {
+	at  time.Time
+	err error
+}
+
+func (h *handoffSide) run(ctx context.Context, deadline time.Time) error {
+	type acquired struct {
+		unlock func(context.Context) error
+		handed
+	}
+	for time.Now().Before(deadline) {
+		w := 1 - h.turn
+		n := h.lockers[w].mark()
+		got := make(chan acquired, 1)
+		wctx, cancel := context.WithTimeout(ctx, opBound)
+		go func() {
+			unlock, err := h.lockers[w].lock(wctx, h.key)
+			got <- acquired{unlock, handed{time.Now(), err}}
+		}()
+		err := h.lockers[w].blocked(ctx, h.key, n)
+		if err == nil {
+			t0 := time.Now()
+			err = h.unlock(ctx)
+			a := <-got
+			if err == nil {
+				err = a.err
+			}
+			if err == nil {
+				h.samples = append(h.samples, a.at.Sub(t0))
+				h.unlock, h.turn = a.unlock, w
+			}
+		}
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
-	s.elapsed += time.Since(start)
-	s.ops += n
-	after, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
-	if err != nil {
-		return err
-	}
-	d := after.Sub(before)
-	s.server.Calls += d.Calls
-	s.server.Usec += d.Usec
 	return nil
 }
 
-func (s *latencySide) figures() map[string]float64 {
-	n := float64(s.ops)
-	return map[string]float64{
-		"latency":     float64(s.elapsed.Microseconds()) / n,
-		"commands":    float64(s.server.Calls) / n,
-		"server time": float64(s.server.Usec) / n,
+func (h *handoffSide) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), opBound)
+	defer cancel()
+	if h.unlock != nil {
+		_ = h.unlock(ctx)
 	}
-}
-
-// handoff: a holder releases while a waiter is blocked on the key; the figure is the
-// time from just before the release to the waiter holding the lock.
-func handoff(ctx context.Context, e *env, d time.Duration) (map[string]figure, error) {
-	floor, err := newFloorHandoff(ctx, e)
-	if err != nil {
-		return nil, err
+	for _, l := range h.lockers {
+		if l != nil {
+			l.close()
+		}
 	}
-	defer floor.close()
-	lock, err := newLockHandoff(ctx, e)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.close()
-	return interleave(ctx, d, floor, lock)
-}
-
-type samples []time.Duration
-
-func (s samples) figures() map[string]float64 {
-	if len(s) == 0 {
-		return map[string]float64{"median": nan(), "p99": nan(), "waiter attempts": nan()}
-	}
-	p50, p99 := benchkit.Percentiles(s)
-	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	return map[string]float64{"median": us(p50), "p99": us(p99), "waiter attempts": 1}
 }
 
 // floorHandoff: the holder sends DEL and PUBLISH in one round trip; the waiter,
@@ -204,12 +390,6 @@ type floorHandoff struct {
 	got            chan handed
 	done           chan struct{}
 	samples
-}
-
-// handed is when a waiter got the key, or why it did not.
-type handed struct {
-	at  time.Time
-	err error
 }
 
 func newFloorHandoff(ctx context.Context, e *env) (*floorHandoff, error) {
@@ -278,200 +458,4 @@ func (h *floorHandoff) close() {
 	}
 	h.holder.Close()
 	h.waiter.Close()
-}
-
-// lockHandoff: two Clients, as two processes, take turns. The waiter calls Lock
-// while the other holds the key; once it is blocked, the holder unlocks.
-type lockHandoff struct {
-	rdbs    [2]*redis.Client
-	clients [2]*mutex.Client
-	hooks   [2]*benchkit.AttemptCounter
-	stats   *redis.Client
-	prefix  string
-	key     string
-	rkey    string // the key's Redis key: prefix + "{" + key + "}"
-	held    *mutex.Lock
-	turn    int
-	samples
-	attempts int64 // of the waiters, over all handoffs
-}
-
-func (h *lockHandoff) figures() map[string]float64 {
-	f := h.samples.figures()
-	f["waiter attempts"] = float64(h.attempts) / float64(len(h.samples))
-	return f
-}
-
-func newLockHandoff(ctx context.Context, e *env) (*lockHandoff, error) {
-	h := &lockHandoff{stats: e.stats, prefix: e.prefix, key: "handoff", rkey: e.prefix + "{handoff}"}
-	for i := range h.clients {
-		h.hooks[i] = new(benchkit.AttemptCounter)
-		h.rdbs[i] = e.redis(h.hooks[i])
-		h.clients[i] = mutex.New(h.rdbs[i], mutex.Prefix(e.prefix))
-	}
-	l, err := h.clients[0].TryLock(ctx, h.key, lockTTL)
-	if err != nil {
-		h.close()
-		return nil, err
-	}
-	h.held = l
-	return h, nil
-}
-
-func (h *lockHandoff) run(ctx context.Context, deadline time.Time) error {
-	type acquired struct {
-		l *mutex.Lock
-		handed
-	}
-	for time.Now().Before(deadline) {
-		w := 1 - h.turn // the waiter's Client; h.turn's holds the lock
-		before := h.hooks[w].Attempts.Load()
-		got := make(chan acquired, 1)
-		wctx, cancel := context.WithTimeout(ctx, opBound)
-		go func() {
-			l, err := h.clients[w].Lock(wctx, h.key, lockTTL)
-			got <- acquired{l, handed{time.Now(), err}}
-		}()
-		err := benchkit.WaitBlocked(ctx, h.hooks[w], before, h.stats, h.prefix, h.rkey)
-		if err == nil {
-			t0 := time.Now()
-			err = h.held.Unlock(ctx)
-			a := <-got
-			if err == nil {
-				err = a.err
-			}
-			if err == nil {
-				h.samples = append(h.samples, a.at.Sub(t0))
-				h.attempts += h.hooks[w].Attempts.Load() - before
-				h.held, h.turn = a.l, w
-			}
-		}
-		cancel()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (h *lockHandoff) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), opBound)
-	defer cancel()
-	_ = h.held.Unlock(ctx)
-	time.Sleep(hubLinger)
-	for _, rdb := range h.rdbs {
-		if rdb != nil {
-			rdb.Close()
-		}
-	}
-}
-
-// contended: 8 goroutines take and release a key chosen at random among keys, using
-// clients Clients between them; the floor is a SET NX spin lock that sleeps
-// benchkit.FloorRetry after "not set".
-func contended(ctx context.Context, e *env, d time.Duration, keys, clients int) (map[string]figure, error) {
-	const workers = 8
-	frdb := e.redis()
-	defer frdb.Close()
-	var floorFailed atomic.Int64
-	floor := &contendedSide{stats: e.stats, cmds: benchkit.FloorCommands, workers: workers, failed: &floorFailed,
-		acquire: func(ctx context.Context, _ int) error {
-			key := e.prefix + "floor:contended:" + strconv.Itoa(rand.N(keys))
-			return benchkit.SpinLock(ctx, frdb, key, token(), lockTTL, &floorFailed)
-		}}
-
-	hook := new(benchkit.AttemptCounter)
-	rdbs := make([]*redis.Client, clients)
-	cs := make([]*mutex.Client, clients)
-	for i := range cs {
-		rdbs[i] = e.redis(hook)
-		cs[i] = mutex.New(rdbs[i], mutex.Prefix(e.prefix))
-	}
-	defer func() {
-		time.Sleep(hubLinger)
-		for _, rdb := range rdbs {
-			rdb.Close()
-		}
-	}()
-	lock := &contendedSide{stats: e.stats, cmds: benchkit.LockCommands, workers: workers, failed: &hook.Failed,
-		acquire: func(ctx context.Context, w int) error {
-			l, err := cs[w%clients].Lock(ctx, "contended:"+strconv.Itoa(rand.N(keys)), lockTTL)
-			if err != nil {
-				return err
-			}
-			return l.Unlock(ctx)
-		}}
-	// Warm both pools (every connection a worker will use) and load the scripts.
-	for _, s := range []*contendedSide{floor, lock} {
-		if err := s.run(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
-			return nil, err
-		}
-		s.reset()
-	}
-	return interleave(ctx, d, floor, lock)
-}
-
-// contendedSide runs acquire on workers goroutines until the deadline.
-type contendedSide struct {
-	stats   *redis.Client
-	cmds    []string
-	workers int
-	acquire func(ctx context.Context, worker int) error
-	failed  *atomic.Int64 // failed attempts, counted by acquire or by a hook
-
-	acqs    int64
-	fails   int64
-	elapsed time.Duration
-	server  benchkit.CmdStats
-}
-
-func (s *contendedSide) reset() {
-	s.acqs, s.fails, s.elapsed, s.server = 0, 0, 0, benchkit.CmdStats{}
-}
-
-// run counts over the steady state only: the first tenth of the time, when the
-// Clients dial and subscribe, is a warm-up whose one-off commands would otherwise
-// be spread over the acquisitions and depend on the run's length.
-func (s *contendedSide) run(ctx context.Context, deadline time.Time) error {
-	ctx, cancel := context.WithDeadline(ctx, deadline.Add(opBound))
-	defer cancel()
-	var acqs atomic.Int64
-	start := time.Now()
-	warm := start.Add(time.Until(deadline) / 10)
-	wait := benchkit.StartWorkers(s.workers, func() bool { return time.Now().Before(deadline) }, func(w int) error {
-		err := s.acquire(ctx, w)
-		if err == nil {
-			acqs.Add(1)
-		}
-		return err
-	})
-	time.Sleep(time.Until(warm))
-	measured := time.Now()
-	before, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
-	acqsBefore, failedBefore := acqs.Load(), s.failed.Load()
-	first := wait()
-	if err != nil {
-		return err
-	}
-	s.elapsed += time.Since(measured)
-	if first != nil {
-		return first
-	}
-	after, err := benchkit.CommandStats(ctx, s.stats, s.cmds)
-	if err != nil {
-		return err
-	}
-	s.acqs += acqs.Load() - acqsBefore
-	s.fails += s.failed.Load() - failedBefore
-	s.server.Calls += after.Sub(before).Calls
-	return nil
-}
-
-func (s *contendedSide) figures() map[string]float64 {
-	n := float64(s.acqs)
-	return map[string]float64{
-		"throughput":      n / s.elapsed.Seconds(),
-		"commands":        float64(s.server.Calls) / n,
-		"failed attempts": float64(s.fails) / n,
-	}
 }

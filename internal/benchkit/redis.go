@@ -1,6 +1,7 @@
 // Package benchkit holds what the two sets of benchmarks of this module share: the
-// bench program (go run ./bench), which interleaves a floor and the lock and prints
-// ratios, and the Go benchmarks (mutex/bench_test.go, bench_test.go).
+// bench program (bench/, a module of its own), which measures the lock and the
+// middleware side by side with their peers and prints ratios, and the Go benchmarks
+// (mutex/bench_test.go, bench_test.go).
 //
 // It needs only go-redis and asynq, never package mutex: mutex/bench_test.go is an
 // internal test of package mutex, which cannot import a package that imports mutex.
@@ -42,39 +43,58 @@ func (a CmdStats) Sub(b CmdStats) CmdStats { return CmdStats{a.Calls - b.Calls, 
 
 // CommandStats sums the INFO commandstats of cmds (lower case, as in LockCommands).
 func CommandStats(ctx context.Context, rdb *redis.Client, cmds []string) (CmdStats, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
+	all, err := CommandStatsByName(ctx, rdb)
 	if err != nil {
 		return CmdStats{}, err
 	}
 	var sum CmdStats
+	for _, name := range cmds {
+		sum.Calls += all[name].Calls
+		sum.Usec += all[name].Usec
+	}
+	return sum, nil
+}
+
+// CommandStatsByName is INFO commandstats: the calls and microseconds of every
+// command the server has run, by lower-case name ("evalsha", "set", "info"...). The
+// INFO that reads them is not among them yet; a later read counts it.
+func CommandStatsByName(ctx context.Context, rdb *redis.Client) (map[string]CmdStats, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	all := make(map[string]CmdStats)
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !slices.Contains(cmds, strings.TrimPrefix(name, "cmdstat_")) {
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
+		var st CmdStats
 		for _, field := range strings.Split(rest, ",") {
 			k, v, _ := strings.Cut(field, "=")
 			var dst *int64
 			switch k {
 			case "calls":
-				dst = &sum.Calls
+				dst = &st.Calls
 			case "usec":
-				dst = &sum.Usec
+				dst = &st.Usec
 			default:
 				continue
 			}
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return CmdStats{}, fmt.Errorf("commandstats line %q: %w", line, err)
+				return nil, fmt.Errorf("commandstats line %q: %w", line, err)
 			}
-			*dst += n
+			*dst = n
 		}
+		all[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
-	return sum, nil
+	return all, nil
 }
 
-// RoundTrips is a go-redis hook counting round trips: each command or pipeline sent.
-// Subscriptions' own traffic is not counted.
+// RoundTrips is a go-redis hook counting round trips: each command or pipeline sent,
+// counted when its reply (or error) has come back. Subscriptions' own traffic is not
+// counted.
 type RoundTrips struct{ n atomic.Int64 }
 
 var _ redis.Hook = (*RoundTrips)(nil)
@@ -85,13 +105,13 @@ func (h *RoundTrips) Load() int64 { return h.n.Load() }
 func (h *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
+		defer h.n.Add(1)
 		return next(ctx, cmd)
 	}
 }
 func (h *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
+		defer h.n.Add(1)
 		return next(ctx, cmds)
 	}
 }
@@ -137,23 +157,29 @@ func SetNX(ctx context.Context, rdb *redis.Client, key, tok string, ttl time.Dur
 	return err == nil, err
 }
 
-// SpinLock is one acquisition of the contended floor: SetNX until it sets the key,
-// sleeping FloorRetry after each "not set" (counted in failed), then DEL.
+// SpinLock is one acquisition of the contended floor: SpinAcquire, then DEL.
 func SpinLock(ctx context.Context, rdb *redis.Client, key, tok string, ttl time.Duration, failed *atomic.Int64) error {
+	if err := SpinAcquire(ctx, rdb, key, tok, ttl, failed); err != nil {
+		return err
+	}
+	return rdb.Del(ctx, key).Err()
+}
+
+// SpinAcquire is the floor's wait for a key: SetNX until it sets the key, sleeping
+// FloorRetry after each "not set" (counted in failed, unless it is nil).
+func SpinAcquire(ctx context.Context, rdb *redis.Client, key, tok string, ttl time.Duration, failed *atomic.Int64) error {
 	for {
 		ok, err := SetNX(ctx, rdb, key, tok, ttl)
-		if err != nil {
+		if err != nil || ok {
 			return err
 		}
-		if ok {
-			break
+		if failed != nil {
+			failed.Add(1)
 		}
-		failed.Add(1)
 		if err := Sleep(ctx, FloorRetry); err != nil {
 			return err
 		}
 	}
-	return rdb.Del(ctx, key).Err()
 }
 
 // Sleep waits for d, or returns ctx's error if it is done first.

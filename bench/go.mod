@@ -1,0 +1,26 @@
+module github.com/asynqmutex/asynqmutex/bench
+
+go 1.24.0
+
+replace github.com/asynqmutex/asynqmutex => ../
+
+require (
+	github.com/asynqmutex/asynqmutex v0.0.0-00010101000000-000000000000
+	github.com/bsm/redislock v0.9.4
+	github.com/go-redsync/redsync/v4 v4.15.0
+	github.com/hibiken/asynq v0.26.0
+	github.com/redis/go-redis/v9 v9.17.2
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/hashicorp/errwrap v1.1.0 // indirect
+	github.com/hashicorp/go-multierror v1.1.1 // indirect
+	github.com/robfig/cron/v3 v3.0.1 // indirect
+	github.com/spf13/cast v1.10.0 // indirect
+	golang.org/x/sys v0.37.0 // indirect
+	golang.org/x/time v0.14.0 // indirect
+	google.golang.org/protobuf v1.36.10 // indirect
+)

@@ -1,46 +1,42 @@
 -- common.lua: the prelude every script of this package starts with.
 --
--- The value of a lock key is "<fence>:<state>:<n>:<prev><token>":
---   fence  the fencing token of the acquisition (decimal);
---   state  "h" held; "w" held, and waiters may be queued (a release must look);
---          "r" released: a tombstone kept for a while so that a release repeated
---          after a lost reply is recognised; every script treats it as a free lock;
---   n      the length in bytes of prev;
---   prev   the token of the holder that handed the lock over ("" if none), so that
---          its release, repeated after a lost reply, is recognised;
---   token  the token of the holder (of the releaser, in a tombstone).
--- A value of another form (set by hand) is held by nobody we know.
+-- The value of a lock key is read at fixed places, so that scripts compare rather
+-- than parse:
+--   bytes 1-16   the fencing token of the acquisition, 16 decimal digits;
+--   byte 17      the state: "h" held; "w" held, and waiters may be queued (a release
+--                must look); "r" released: a tombstone kept for a while so that a
+--                release repeated after a lost reply is recognised; every script
+--                treats it as a free lock;
+--   bytes 18-    the holder's identity: its token's length in 4 decimal digits, then
+--                the token (the releaser's, in a tombstone);
+--   the rest     the identity of the holder that handed the lock over, or nothing, so
+--                that its release, repeated after a lost reply, is recognised.
+-- Callers pass their identity in the same form, so "our token holds it" is one
+-- comparison. A value of another form (set by hand) is held by nobody we know.
 --
 -- Fences come from the server clock: a new fence is max(previous fence + 1, server
 -- time in microseconds). They keep increasing across a restart without persistence,
 -- a restore from an older snapshot and a failover, as long as the server's clock does
 -- not go back.
 
--- parse returns fence, state, prev, token of a lock value, or nil when v is absent or
--- not of our form.
-local function parse(v)
-  if not v then
-    return nil
-  end
-  local i = string.find(v, ':', 1, true)
-  if not i or string.sub(v, i + 2, i + 2) ~= ':' then
-    return nil
-  end
-  local j = string.find(v, ':', i + 3, true)
-  local f = tonumber(string.sub(v, 1, i - 1))
-  local n = j and tonumber(string.sub(v, i + 3, j - 1))
-  if not (f and n) then
-    return nil
-  end
-  return f, string.sub(v, i + 1, i + 1), string.sub(v, j + 1, j + n), string.sub(v, j + n + 1)
+-- ours reports whether identity id holds (or, in a tombstone, released) value v.
+local function ours(v, id)
+  return string.sub(v, 18, 17 + #id) == id
 end
 
-local function value(fence, state, prev, token)
-  return string.format('%d', fence) .. ':' .. state .. ':' .. #prev .. ':' .. prev .. token
+-- holder is the identity in v, and the rest of v after it (the previous holder's).
+local function holder(v)
+  local n = tonumber(string.sub(v, 18, 21)) or -4
+  return string.sub(v, 18, 21 + n), string.sub(v, 22 + n)
 end
 
--- nextFence is the fence after f (0: none known).
-local function nextFence(f)
+local function value(fence, state, id, prev)
+  return string.format('%016d', fence) .. state .. id .. prev
+end
+
+-- nextFence is the fence after value v's (v may be nil).
+local function nextFence(v)
   local t = redis.call('TIME')
+  local f = v and tonumber(string.sub(v, 1, 16)) or 0
   return math.max(f + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 end

@@ -2,8 +2,8 @@
 -- is not, queue the caller as a waiter to be handed the lock by a release.
 --
 -- KEYS[1] -> <prefix>{<key>}        the lock (see common.lua for its value); expires after the lease
--- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <token>", oldest first
--- ARGV[1] -> token of this acquisition (non-empty)
+-- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <identity>", oldest first
+-- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
 -- ARGV[2] -> lease in milliseconds
 -- ARGV[3] -> waiter to queue if the lock is busy ("<client>.<waiter>"), or "" to queue nobody
 -- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
@@ -23,36 +23,35 @@
 -- remaining lease plus a second past the last attempt that queued someone; a waiter
 -- tries again by itself when that lease runs out, which renews it.
 local v = redis.call('GET', KEYS[1])
-local f, state, prev, tok = parse(v)
-local entry = ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1]
-if v and state ~= 'r' then
-  if tok == ARGV[1] then
+if v and string.byte(v, 17) ~= 114 then -- held ("r" is a tombstone)
+  if ours(v, ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if ARGV[4] == '1' then
-      redis.call('LREM', KEYS[2], 1, entry)
+      redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
     end
-    return {f, 0}
+    return {tonumber(string.sub(v, 1, 16)), 0}
   end
   local pttl = redis.call('PTTL', KEYS[1])
   if ARGV[3] ~= '' then
+    local entry = ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1]
     if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
       redis.call('RPUSH', KEYS[2], entry)
     end
     redis.call('PEXPIRE', KEYS[2], 2 * math.max(pttl, 1000) + 1000)
-    if state == 'h' then
-      redis.call('SET', KEYS[1], value(f, 'w', prev, tok), 'KEEPTTL')
+    if string.byte(v, 17) == 104 then -- "h": a release must now look at the queue
+      redis.call('SET', KEYS[1], string.sub(v, 1, 16) .. 'w' .. string.sub(v, 18), 'KEEPTTL')
     end
   end
   return {0, pttl}
 end
--- Free: absent, or a tombstone whose releaser we keep as prev.
-local st = 'h'
+-- Free: absent, or a tombstone whose releaser we keep as the previous holder.
+local state = 'h'
 if ARGV[4] == '1' then
-  redis.call('LREM', KEYS[2], 1, entry)
-  st = 'w' -- others may be queued behind us
+  redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
+  state = 'w' -- others may be queued behind us
 elseif not v and redis.call('EXISTS', KEYS[2]) == 1 then
-  st = 'w' -- waiters of a holder whose lease ran out
+  state = 'w' -- waiters of a holder whose lease ran out
 end
-local nf = nextFence(f or 0)
-redis.call('SET', KEYS[1], value(nf, st, tok or '', ARGV[1]), 'PX', ARGV[2])
-return {nf, 0}
+local f = nextFence(v)
+redis.call('SET', KEYS[1], value(f, state, ARGV[1], v and holder(v) or ''), 'PX', ARGV[2])
+return {f, 0}

@@ -4,8 +4,7 @@
 --
 -- Returns 1 when the lock is held (by a value of another form too), 0 otherwise.
 local v = redis.call('GET', KEYS[1])
-local _, state = parse(v)
-if v and state ~= 'r' then
+if v and string.byte(v, 17) ~= 114 then
   return 1
 end
 return 0

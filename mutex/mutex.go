@@ -35,6 +35,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -70,13 +71,20 @@ const (
 	// nothing (WithLock renews while fn runs) and risk overflowing time arithmetic.
 	MaxTTL = 7 * 24 * time.Hour
 
+	// MaxTokenLen is the longest token the Token option accepts, in bytes.
+	MaxTokenLen = 9999
+
 	waitSuffix   = ":wait"
 	channelInfix = "wake:" // a Client listens on prefix + "wake:" + its id
 
-	// tombstone is how long a released lock's key stays as a tombstone (see
-	// common.lua), so that a release repeated after a lost reply is recognised:
-	// longer than go-redis's retries last.
-	tombstone = 10 * time.Second
+	// tombstoneMillis is how long, in milliseconds, a released lock's key stays as a
+	// tombstone (see common.lua), so that a release repeated after a lost reply is
+	// recognised: longer than go-redis's retries last.
+	tombstoneMillis = 10_000
+
+	// idLenDigits is how many decimal digits carry a token's length in the lock value;
+	// MaxTokenLen follows from it.
+	idLenDigits = 4
 
 	maxKeyLen  = 256 // longer encoded keys are digested
 	keepOfLong = 64  // bytes of a digested key kept readable
@@ -87,9 +95,10 @@ const (
 // waiters share one subscription connection, opened while someone waits and closed
 // 200ms after the last waiter leaves (see Close).
 type Client struct {
-	rdb    redis.UniversalClient
-	prefix string
-	hub    *hub
+	rdb      redis.UniversalClient
+	prefix   string
+	channels string // prefix + channelInfix: a Client listens on channels + its id
+	hub      *hub
 
 	// countsSubscribers is "1" unless rdb is a Cluster client: there PUBLISH counts only
 	// the subscribers of the node it ran on, so zero does not mean nobody listens.
@@ -128,6 +137,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	for _, o := range opts {
 		o.apply(c)
 	}
+	c.channels = c.prefix + channelInfix
 	c.hub = newHub(c)
 	return c
 }
@@ -171,10 +181,13 @@ func MaxWait(d time.Duration) LockOption {
 // the original fence, so a process that restarts with the same token (for example a
 // job ID) reclaims its own lock rather than waiting out the lease. Two holders using
 // the same token at the same time both "hold" the lock: a token must identify one
-// holder. Token panics if s is empty.
+// holder. Token panics if s is empty or longer than MaxTokenLen bytes.
 func Token(s string) LockOption {
 	if s == "" {
 		panic("mutex.Token: empty token")
+	}
+	if len(s) > MaxTokenLen {
+		panic(fmt.Sprintf("mutex.Token: token of %d bytes is longer than MaxTokenLen (%d)", len(s), MaxTokenLen))
 	}
 	return lockOptionFunc(func(c *lockConfig) { c.token = s })
 }
@@ -183,9 +196,9 @@ func Token(s string) LockOption {
 // methods are safe on a nil *Lock, which holds nothing.
 type Lock struct {
 	c     *Client
-	key   string // the caller's key
-	rkey  string // the Redis key
-	token string
+	key   string   // the caller's key
+	keys  []string // the Redis keys: the lock, its wait queue
+	id    string   // the identity scripts compare: the token's length in 4 digits, then the token
 	fence int64
 
 	mu    sync.Mutex
@@ -206,7 +219,7 @@ func (l *Lock) Token() string {
 	if l == nil {
 		return ""
 	}
-	return l.token
+	return l.id[idLenDigits:]
 }
 
 // Fence returns the fencing token of this acquisition: strictly greater than the
@@ -226,7 +239,7 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil {
 		return 0, ErrNotHeld
 	}
-	n, err := pttlScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token).Int64()
+	n, err := pttlScript.Run(ctx, l.c.rdb, l.keys[:1], l.id).Int64()
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), err)
@@ -251,7 +264,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
 	}
 	sent := time.Now()
-	n, err := extendScript.Run(ctx, l.c.rdb, []string{l.rkey}, l.token, ttl.Milliseconds()).Int64()
+	n, err := extendScript.Run(ctx, l.c.rdb, l.keys[:1], l.id, ttl.Milliseconds()).Int64()
 	if err != nil {
 		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
 	}
@@ -279,7 +292,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if l == nil {
 		return ErrNotHeld
 	}
-	n, err := l.c.release(ctx, l.rkey, l.token, "")
+	n, err := l.c.release(ctx, l.keys, l.id, "")
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
 	}
@@ -337,9 +350,11 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 
 // acquisition is one call of TryLock, Lock or WithLock: several attempts share its token.
 type acquisition struct {
-	c         *Client
-	key, rkey string
-	ttl       time.Duration
+	c    *Client
+	id   string // identity(token)
+	key  string
+	keys []string // the lock's Redis key, its wait queue
+	ttl  time.Duration
 	lockConfig
 }
 
@@ -358,13 +373,15 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	if err := checkTTL(ttl); err != nil {
 		return nil, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(key), err)
 	}
-	a := &acquisition{c: c, key: key, rkey: c.redisKey(key), ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	rkey := c.redisKey(key)
+	a := &acquisition{c: c, key: key, keys: []string{rkey, rkey + waitSuffix}, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	for _, o := range opts {
 		o.applyLock(&a.lockConfig)
 	}
 	if a.token == "" {
 		a.token = newToken()
 	}
+	a.id = identity(a.token)
 	return a, nil
 }
 
@@ -383,8 +400,8 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		}
 	}
 	sent := time.Now()
-	res, err := lockScript.Run(ctx, c.rdb, []string{a.rkey, a.rkey + waitSuffix},
-		a.token, a.ttl.Milliseconds(), id, queued).Int64Slice()
+	res, err := lockScript.Run(ctx, c.rdb, a.keys,
+		a.id, a.ttl.Milliseconds(), id, queued).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
@@ -408,7 +425,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 // lock is the Lock this acquisition holds with fence f, granted by a command sent at
 // sent or later.
 func (a *acquisition) lock(f int64, sent time.Time) *Lock {
-	return &Lock{c: a.c, key: a.key, rkey: a.rkey, token: a.token, fence: f, until: leaseEnd(sent, a.ttl)}
+	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, until: leaseEnd(sent, a.ttl)}
 }
 
 // abandon releases whatever an attempt that ended in an error may have taken: the
@@ -417,15 +434,22 @@ func (a *acquisition) lock(f int64, sent time.Time) *Lock {
 func (c *Client) abandon(ctx context.Context, a *acquisition) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
-	_, _ = c.release(ctx, a.rkey, a.token, "")
+	_, _ = c.release(ctx, a.keys, a.id, "")
 }
 
-// release runs release.lua: it unlocks token's hold on the lock and hands the lock
-// to the next waiter. A non-empty entry (a waiter that gives up) is first taken out
-// of the queue, and a lock that had been handed to it is passed on.
-func (c *Client) release(ctx context.Context, rkey, token, entry string) (int64, error) {
-	return releaseScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
-		token, entry, c.prefix+channelInfix, c.countsSubscribers, tombstone.Milliseconds()).Int64()
+// release runs release.lua: it unlocks the hold of identity id on the lock and
+// hands the lock to the next waiter. A non-empty entry (a waiter that gives up) is
+// first taken out of the queue, and a lock that had been handed to it is passed on.
+func (c *Client) release(ctx context.Context, keys []string, id, entry string) (int64, error) {
+	return releaseScript.Run(ctx, c.rdb, keys,
+		id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+}
+
+// identity is how scripts name the holder of token: its length in idLenDigits
+// decimal digits, then the token (see common.lua).
+func identity(token string) string {
+	n := strconv.Itoa(len(token))
+	return strings.Repeat("0", idLenDigits-len(n)) + n + token
 }
 
 func (c *Client) redisKey(key string) string {

@@ -165,7 +165,7 @@ type waiter struct {
 func newHub(c *Client) *hub {
 	id := newToken() // base64url: no '.'
 	return &hub{
-		c: c, id: id, channel: c.prefix + channelInfix + id, linger: hubLinger, health: healthEvery,
+		c: c, id: id, channel: c.channels + id, linger: hubLinger, health: healthEvery,
 		waiters: make(map[string]*waiter),
 	}
 }
@@ -183,7 +183,7 @@ func (h *hub) join(a *acquisition) *waiter {
 	member := h.id + "." + id
 	w := &waiter{
 		a: a, id: id, member: member,
-		entry: member + " " + strconv.FormatInt(a.ttl.Milliseconds(), 10) + " " + a.token,
+		entry: member + " " + strconv.FormatInt(a.ttl.Milliseconds(), 10) + " " + a.id,
 		grant: make(chan int64, 1), wake: make(chan struct{}, 1),
 	}
 	h.waiters[id] = w
@@ -214,7 +214,7 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_, _ = h.c.release(ctx, w.a.rkey, w.a.token, w.entry)
+	_, _ = h.c.release(ctx, w.a.keys, w.a.id, w.entry)
 }
 
 // start opens the subscription connection and starts reading it. Called with hub.mu

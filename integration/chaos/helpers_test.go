@@ -1007,21 +1007,24 @@ func NewRig(t testing.TB) *Rig {
 // The keys this battery uses need no escaping.
 func RedisLockKey(key string) string { return mutex.DefaultPrefix + "{" + key + "}" }
 
-// HolderOf reads a lock key's value as mutex/common.lua documents it,
-// "<fence>:<state>:<n>:<prev><token>", and returns the holder's token. held is
-// false only for a released lock's tombstone (state "r"); a value of another form
-// counts as held, by the whole value, as the library's scripts count it.
+// HolderOf reads a lock key's value as mutex/common.lua documents it (16 digits of
+// fence, a state byte, then the holder's token length in 4 digits and the token)
+// and returns the holder's token. held is false only for a released lock's
+// tombstone (state "r"); a value of another form counts as held, by the whole
+// value, as the library's scripts count it.
 func HolderOf(v string) (token string, held bool) {
-	parts := strings.SplitN(v, ":", 4)
-	if len(parts) != 4 || len(parts[1]) != 1 {
+	if len(v) < 21 {
 		return v, true
 	}
-	n, err := strconv.Atoi(parts[2])
-	if err != nil || n > len(parts[3]) {
+	n, err := strconv.Atoi(v[17:21])
+	if err != nil || 21+n > len(v) {
 		return v, true
 	}
-	return parts[3][n:], parts[1] != "r"
+	return v[21 : 21+n], v[16] != 'r'
 }
+
+// FencePrefix is how a lock value held with fence f begins.
+func FencePrefix(f int64) string { return fmt.Sprintf("%016d", f) }
 
 // Keys returns n lock keys named after prefix.
 func Keys(prefix string, n int) []string {

@@ -116,7 +116,7 @@ func TestHolderKilled(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: bad event: %v", r, err)
 		}
-		samples := sampleKey(rig.LockRDB, RedisLockKey(key), strconv.FormatInt(fence, 10)+":",
+		samples := sampleKey(rig.LockRDB, RedisLockKey(key), FencePrefix(fence),
 			2*time.Millisecond, time.Now().Add(ttl+10*time.Second))
 		time.Sleep(rand.N(ttl)) // a random point of the renewal cycle
 

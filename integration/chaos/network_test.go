@@ -742,9 +742,9 @@ func TestNetworkFaults(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && controlSet == 0; {
 		// Set it only while the lock is free: absent, or a released lock's tombstone.
 		ok, err := rig.LockRDB.Eval(context.Background(), `local v = redis.call('GET', KEYS[1])
-if v and not string.match(v, '^%d+:r:') then return 0 end
+if v and string.byte(v, 17) ~= 114 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1`, []string{RedisLockKey(keys[0])}, "1:h:0:"+controlToken, 700).Bool()
+return 1`, []string{RedisLockKey(keys[0])}, FencePrefix(1)+"h"+fmt.Sprintf("%04d", len(controlToken))+controlToken, 700).Bool()
 		if err != nil {
 			t.Fatalf("control: %v", err)
 		}

@@ -23,7 +23,7 @@ import (
 //
 //	go test -bench . -run '^$' -count 3 ./mutex
 //
-// bench/ (go run ./bench) measures the same scenarios interleaved and prints the
+// bench/ ((cd bench && go run .)) measures the same scenarios interleaved and prints the
 // ratios against the goals.
 
 const (

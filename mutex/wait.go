@@ -133,7 +133,6 @@ type hub struct {
 	id      string // this Client's name in wait queues; no '.'
 	channel string
 	linger  time.Duration
-	health  time.Duration
 
 	mu      sync.Mutex
 	waiters map[string]*waiter // by waiter id
@@ -165,7 +164,7 @@ type waiter struct {
 func newHub(c *Client) *hub {
 	id := newToken() // base64url: no '.'
 	return &hub{
-		c: c, id: id, channel: c.channels + id, linger: hubLinger, health: healthEvery,
+		c: c, id: id, channel: c.channels + id, linger: hubLinger,
 		waiters: make(map[string]*waiter),
 	}
 }
@@ -275,7 +274,7 @@ func (h *hub) read(s *subscription) {
 			subscribe = err != nil
 		}
 		if err == nil {
-			msg, err = ps.ReceiveTimeout(context.Background(), h.health)
+			msg, err = ps.ReceiveTimeout(context.Background(), healthEvery)
 		}
 		if err != nil && isTimeout(err) {
 			if !pinged {

@@ -22,7 +22,8 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // WithLock takes the lock on key for ttl as Lock does (waiting unless MaxWait(0)),
 // runs fn while holding it, and releases it when fn returns or panics.
 //
-// While fn runs the lease is renewed every ttl/3. If Redis says the lock is no longer
+// While fn runs the lease is renewed every ttl/3 (a lock handed over by a releasing
+// holder starts with a 250ms lease, renewed halfway through). If Redis says the lock is no longer
 // ours, or renewals fail until the lease would have ended on this process's own
 // monotonic clock (a partition, a long pause), fn's context is cancelled at once, with
 // a cause wrapping ErrNotHeld, and WithLock returns an error wrapping ErrNotHeld
@@ -45,6 +46,7 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 	if err != nil {
 		return err
 	}
+	a.renewed = true
 	l, err := c.acquire(ctx, a)
 	if err != nil {
 		return err
@@ -101,7 +103,10 @@ func releaseContext(ctx context.Context, ttl time.Duration) (context.Context, co
 // only with ContextTimeoutEnabled). keepAlive waits for it before returning.
 func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.CancelCauseFunc) error {
 	every := max(ttl/3, time.Millisecond)
-	next := time.Now().Add(every)
+	now := time.Now()
+	// A lock handed over from a releasing holder may start with a lease shorter
+	// than ttl: then the first renewal comes halfway through it.
+	next := now.Add(min(every, l.validUntil().Sub(now)/2))
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	var (

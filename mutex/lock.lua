@@ -5,7 +5,8 @@
 -- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <identity>", oldest first
 -- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
 -- ARGV[2] -> lease in milliseconds
--- ARGV[3] -> waiter to queue if the lock is busy ("<client>.<waiter>"), or "" to queue nobody
+-- ARGV[3] -> waiter to queue if the lock is busy, "<client>.<waiter> <lease ms>" (the lease a
+--            release hands it), or "" to queue nobody
 -- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
 --
 -- Both keys share the hash tag, so one Redis Cluster slot.
@@ -27,13 +28,13 @@ if v and string.byte(v, 17) ~= 114 then -- held ("r" is a tombstone)
   if ours(v, ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if ARGV[4] == '1' then
-      redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
+      redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1])
     end
     return {tonumber(string.sub(v, 1, 16)), 0}
   end
   local pttl = redis.call('PTTL', KEYS[1])
   if ARGV[3] ~= '' then
-    local entry = ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1]
+    local entry = ARGV[3] .. ' ' .. ARGV[1]
     if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
       redis.call('RPUSH', KEYS[2], entry)
     end
@@ -47,7 +48,7 @@ end
 -- Free: absent, or a tombstone whose releaser we keep as the previous holder.
 local state = 'h'
 if ARGV[4] == '1' then
-  redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
+  redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1])
   state = 'w' -- others may be queued behind us
 elseif not v and redis.call('EXISTS', KEYS[2]) == 1 then
   state = 'w' -- waiters of a holder whose lease ran out

@@ -71,6 +71,11 @@ const (
 	// nothing (WithLock renews while fn runs) and risk overflowing time arithmetic.
 	MaxTTL = 7 * 24 * time.Hour
 
+	// renewedHandOver is the lease a release hands a WithLock waiter: its renewal
+	// lengthens it at once, and a waiter cut off from Redis as the lock is handed to
+	// it (its process stopped, its network lost) holds the lock no longer than this.
+	renewedHandOver = 250 * time.Millisecond
+
 	// MaxTokenLen is the longest token the Token option accepts, in bytes.
 	MaxTokenLen = 9999
 
@@ -350,11 +355,12 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 
 // acquisition is one call of TryLock, Lock or WithLock: several attempts share its token.
 type acquisition struct {
-	c    *Client
-	id   string // identity(token)
-	key  string
-	keys []string // the lock's Redis key, its wait queue
-	ttl  time.Duration
+	c       *Client
+	renewed bool   // WithLock renews the lease: a hand-over may give a short one
+	id      string // identity(token)
+	key     string
+	keys    []string // the lock's Redis key, its wait queue
+	ttl     time.Duration
 	lockConfig
 }
 
@@ -394,7 +400,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	}
 	id, queued := "", "0"
 	if w != nil {
-		id = w.member
+		id = w.head
 		if w.queued {
 			queued = "1"
 		}
@@ -419,13 +425,21 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
-	return a.lock(res[0], sent), 0, nil
+	return a.lock(res[0], sent, a.ttl), 0, nil
 }
 
-// lock is the Lock this acquisition holds with fence f, granted by a command sent at
-// sent or later.
-func (a *acquisition) lock(f int64, sent time.Time) *Lock {
-	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, until: leaseEnd(sent, a.ttl)}
+// lock is the Lock this acquisition holds with fence f, granted for lease by a
+// command sent at sent or later.
+func (a *acquisition) lock(f int64, sent time.Time, lease time.Duration) *Lock {
+	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, until: leaseEnd(sent, lease)}
+}
+
+// handOverLease is the lease a release hands this acquisition's waiter.
+func (a *acquisition) handOverLease() time.Duration {
+	if a.renewed {
+		return min(a.ttl, renewedHandOver)
+	}
+	return a.ttl
 }
 
 // abandon releases whatever an attempt that ended in an error may have taken: the

@@ -325,3 +325,79 @@ func checkLeftovers(t *testing.T, admin *redis.Client, c *Client, key string) {
 		assert.NotEqual(t, time.Duration(-1), d, "%s has no TTL", k)
 	}
 }
+
+func TestHandOverToCutOffWaiterFreesSoon(t *testing.T) {
+	// A WithLock waiter is cut off from Redis (its network silently gone) just as the
+	// lock is handed to it: the hand-over's short lease frees the key within
+	// renewedHandOver, not after the waiter's hour-long ttl.
+	b := realBackend(t)
+	p := redistest.NewProxy(t, b.rdb.Options().Addr)
+	via := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { via.Close() })
+	cut := New(via)
+	direct := New(b.rdb)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	holder, err := direct.TryLock(ctx, key, time.Hour)
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- cut.WithLock(wctx, key, time.Hour, func(context.Context) error { return nil })
+	}()
+	waitForWaiters(t, b, cut, key, 1)
+	p.Blackhole(true)
+	require.NoError(t, holder.Unlock(ctx))
+	v, err := b.admin.Get(ctx, direct.redisKey(key)).Result()
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(v[17:], cut.hub.waiterIdentity(t)), "control: the lock was handed to the cut-off waiter: %q", v)
+	start := time.Now()
+	l, err := direct.Lock(ctx, key, time.Minute, MaxWait(10*time.Second))
+	require.NoError(t, err, "the key must free once the hand-over's short lease ends")
+	// A correctness bound, not a speed figure: the short lease plus the waiter's retry.
+	assert.Less(t, time.Since(start), renewedHandOver+2*time.Second)
+	require.NoError(t, l.Unlock(ctx))
+	cancel()
+	p.Blackhole(false)
+	<-done
+}
+
+func TestHandOverToWithLockKeepsTheLease(t *testing.T) {
+	// The short lease of a hand-over to a WithLock waiter is lengthened by its first
+	// renewal: fn keeps the lock for many times that lease.
+	b := realBackend(t)
+	c := New(b.rdb)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	holder, err := c.TryLock(ctx, key, time.Hour)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WithLock(ctx, key, 3*time.Second, func(fctx context.Context) error {
+			select {
+			case <-fctx.Done():
+				return context.Cause(fctx)
+			case <-time.After(4 * renewedHandOver):
+			}
+			_, err := c.TryLock(ctx, key, time.Second)
+			if !errors.Is(err, ErrNotObtained) {
+				return fmt.Errorf("another TryLock = %v, want ErrNotObtained", err)
+			}
+			return nil
+		})
+	}()
+	waitForWaiters(t, b, c, key, 1)
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, <-done)
+}
+
+// waiterIdentity is the identity of the one waiter of h.
+func (h *hub) waiterIdentity(t *testing.T) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Len(t, h.waiters, 1)
+	for _, w := range h.waiters {
+		return w.a.id
+	}
+	return ""
+}

@@ -29,9 +29,11 @@ import (
 // A waiter that gives up (ctx done, MaxWait, a Redis error) leaves the queue and, if
 // the lock was handed to it meanwhile, passes it on at once. A release skips waiters
 // whose Client no longer listens (it died, or is reconnecting and will try again when
-// it listens again). Except in Redis Cluster, where PUBLISH cannot tell whether anyone
-// heard: there a waiter whose process died after queuing can be handed the lock, which
-// then frees when that waiter's lease runs out. When nothing comes (the holder
+// it listens again). A waiter that cannot hear it is handed the lock anyway when Redis
+// still counts its connection (its network vanished without a reset) or cannot count
+// (Redis Cluster, where PUBLISH counts one node's subscribers): the lock then frees when
+// the lease it was handed ends. That lease is ttl for Lock, and 250ms for WithLock,
+// whose first renewal lengthens it to ttl. When nothing comes (the holder
 // crashed), a waiter tries again when the holder's remaining lease runs out, plus a
 // little random jitter. A subscription connection that stops answering is noticed
 // within 3s (see Client), after which every waiter of the Client tries again.
@@ -86,7 +88,8 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 		case f := <-w.grant:
 			// The release that handed us the lock ran after our last attempt was sent,
 			// so the lease counts from no earlier than that.
-			if l := a.lock(f, w.sent); time.Until(l.validUntil()) > a.ttl/2 {
+			lease := a.handOverLease()
+			if l := a.lock(f, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
 				acquired = true
 				return l, nil
 			}
@@ -153,8 +156,8 @@ type subscription struct {
 type waiter struct {
 	a      *acquisition
 	id     string
-	member string     // "<client>.<waiter>"
-	entry  string     // the queue entry lock.lua writes for it
+	head   string     // "<client>.<waiter> <hand-over lease ms>", as lock.lua queues it
+	entry  string     // the queue entry lock.lua writes: head, then the identity
 	queued bool       // an attempt may have queued it: take it out when done
 	sent   time.Time  // when the last attempt was sent
 	grant  chan int64 // capacity 1: the fence of a hand-over
@@ -179,10 +182,9 @@ func (h *hub) join(a *acquisition) *waiter {
 	}
 	h.seq++
 	id := strconv.FormatUint(h.seq, 36)
-	member := h.id + "." + id
+	head := h.id + "." + id + " " + strconv.FormatInt(a.handOverLease().Milliseconds(), 10)
 	w := &waiter{
-		a: a, id: id, member: member,
-		entry: member + " " + strconv.FormatInt(a.ttl.Milliseconds(), 10) + " " + a.id,
+		a: a, id: id, head: head, entry: head + " " + a.id,
 		grant: make(chan int64, 1), wake: make(chan struct{}, 1),
 	}
 	h.waiters[id] = w

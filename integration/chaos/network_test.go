@@ -585,9 +585,9 @@ func (s *leakSampler) sample(ctx context.Context) error {
 	type seen struct{ key, token string }
 	var found []seen
 	for i, v := range vals {
-		str, _ := v.(string)
+		str, ok := v.(string)
 		tok, held := HolderOf(str)
-		if !held { // free, or a released lock's tombstone
+		if !ok || !held { // free, or a released lock's tombstone
 			continue
 		}
 		found = append(found, seen{s.keys[i], tok})

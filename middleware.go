@@ -11,9 +11,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/asynqmutex/asynqmutex/mutex"
-
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
 // DefaultTTL is the lease of a task's lock unless TTL says otherwise. It matches

@@ -5,9 +5,8 @@ import (
 	"math"
 	"time"
 
-	"github.com/asynqmutex/asynqmutex/mutex"
-
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
 // Policy says what the middleware does with a task whose key another task holds

@@ -45,13 +45,14 @@ if v and string.byte(v, 17) ~= 114 then -- held ("r" is a tombstone)
   end
   return {0, pttl}
 end
--- Free: absent, or a tombstone whose releaser we keep as the previous holder.
+-- Free: absent, or a tombstone whose releaser we keep as the previous holder. The
+-- queue is not looked at: waiters queued behind a holder whose lease ran out try
+-- again by themselves as it runs out, and one that finds us holding the key marks it
+-- "w" when it queues, so our release hands the lock on.
 local state = 'h'
 if ARGV[4] == '1' then
   redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1])
   state = 'w' -- others may be queued behind us
-elseif not v and redis.call('EXISTS', KEYS[2]) == 1 then
-  state = 'w' -- waiters of a holder whose lease ran out
 end
 local f = nextFence(v)
 redis.call('SET', KEYS[1], value(f, state, ARGV[1], v and holder(v) or ''), 'PX', ARGV[2])

@@ -263,16 +263,16 @@ func TestLockWaitsForRelease(t *testing.T) {
 	})
 }
 
-// waitForWaiters blocks until n waiters are queued for key in Redis and c's
-// subscription is confirmed: a release now wakes one of them.
+// waitForWaiters blocks until n waiters are queued for key in Redis and Redis counts
+// c's subscription: a release now reaches one of them.
 func waitForWaiters(t *testing.T, b backend, c *Client, key string, n int) {
 	t.Helper()
 	q := c.redisKey(key) + waitSuffix
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		c.hub.mu.Lock()
-		ready := c.hub.cur != nil && c.hub.cur.confirmed
-		c.hub.mu.Unlock()
+		subs, err := b.admin.PubSubNumSub(context.Background(), c.hub.channel).Result()
+		require.NoError(t, err)
+		ready := subs[c.hub.channel] > 0
 		queued, err := b.admin.LLen(context.Background(), q).Result()
 		require.NoError(t, err)
 		if ready && queued == int64(n) {

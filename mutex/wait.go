@@ -147,10 +147,9 @@ type hub struct {
 // subscription is one pub/sub connection (replaced when it dies silently) and the
 // goroutine that reads it.
 type subscription struct {
-	ps        *redis.PubSub // guarded by hub.mu
-	confirmed bool          // guarded by hub.mu: Redis confirmed the subscription on ps
-	stop      chan struct{}
-	done      chan struct{}
+	ps   *redis.PubSub // guarded by hub.mu
+	stop chan struct{}
+	done chan struct{}
 }
 
 type waiter struct {
@@ -302,7 +301,6 @@ func (h *hub) read(s *subscription) {
 			// resubscribe on the next Receive. Let every waiter try again now, and
 			// again when the subscription is confirmed.
 			h.mu.Lock()
-			s.confirmed = false
 			h.wakeAll()
 			h.mu.Unlock()
 			t := time.NewTimer(backoff)
@@ -322,7 +320,6 @@ func (h *hub) read(s *subscription) {
 				// Releases while we were not subscribed passed our waiters over: each
 				// tries again, which queues it again if it has to.
 				h.mu.Lock()
-				s.confirmed = true
 				h.wakeAll()
 				h.mu.Unlock()
 			}
@@ -342,7 +339,6 @@ func (h *hub) replace(s *subscription) *redis.PubSub {
 	}
 	old := s.ps
 	s.ps = h.c.rdb.Subscribe(context.Background())
-	s.confirmed = false
 	ps := s.ps
 	h.mu.Unlock()
 	_ = old.Close()

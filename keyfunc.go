@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -37,6 +38,46 @@ import (
 // should not look like a JSON array, or it may contend with the tasks of
 // another type that uses On.
 type KeyFunc func(ctx context.Context, t *asynq.Task) (string, error)
+
+// Key returns the lock key that On derives for a task of type taskType whose fields
+// hold values, in On's order, each given as the JSON text the payload holds: `"c-42"`
+// for a string, `42`, `true` or `null`. A number's text is kept as written, so 1 and
+// 1.0 are different keys, as they are for On. With no values it is the key of a task
+// type without On or KeyBy. Use it with mutex.Client.Inspect, Locked or
+// ForceRelease, and the asynqmutex command's --task flag, to find a task's lock. It
+// returns an error naming the value when one is not a JSON string, number, boolean
+// or null.
+func Key(taskType string, values ...string) (string, error) {
+	if len(values) == 0 {
+		return taskTypeKey(context.Background(), asynq.NewTask(taskType, nil))
+	}
+	var payload bytes.Buffer
+	fields := make([]string, len(values))
+	payload.WriteByte('{')
+	for i, v := range values {
+		if !json.Valid([]byte(v)) {
+			return "", fmt.Errorf("asynqmutex.Key: value %d (%s) is not JSON text; write a string with its quotes", i+1, shortkey.Quote(v))
+		}
+		if kind := kindOf(skipSpace([]byte(v))); kind == "object" || kind == "array" {
+			return "", fmt.Errorf("asynqmutex.Key: value %d is %s; On takes strings, numbers, booleans and null", i+1, describeKind(kind))
+		}
+		fields[i] = "v" + strconv.Itoa(i)
+		if i > 0 {
+			payload.WriteByte(',')
+		}
+		payload.WriteString(`"` + fields[i] + `":` + v)
+	}
+	payload.WriteByte('}')
+	key, err := fieldsKey(fields)(context.Background(), asynq.NewTask(taskType, payload.Bytes()))
+	if ke := (*keyError)(nil); errors.As(err, &ke) && ke.field != "" {
+		n, _ := strconv.Atoi(ke.field[1:])
+		return "", fmt.Errorf("asynqmutex.Key: value %d%s", n+1, ke.msg)
+	}
+	if err != nil {
+		return "", fmt.Errorf("asynqmutex.Key: %w", err)
+	}
+	return key, nil
+}
 
 // taskTypeKey is the key when neither On nor KeyBy is given: the task type
 // alone, as the one-element JSON array ["type"].

@@ -593,3 +593,25 @@ func BenchmarkFieldsKey(b *testing.B) {
 		})
 	}
 }
+
+func TestKeyMatchesOn(t *testing.T) {
+	want, err := keyOf("pay", []byte(`{"id":"c-42","n":1.0,"ok":true,"none":null,"esc":"\u0041\n"}`), "id", "n", "ok", "none", "esc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Key("pay", `"c-42"`, `1.0`, `true`, `null`, `"\u0041\n"`); err != nil || got != want {
+		t.Errorf("Key = %q, %v; On derives %q", got, err, want)
+	}
+	if got, err := Key("pay"); err != nil || got != `["pay"]` {
+		t.Errorf("Key without values = %q, %v", got, err)
+	}
+	for v, msg := range map[string]string{
+		`c-42`:     `value 1 ("c-42") is not JSON text; write a string with its quotes`,
+		`{"a":1}`:  "value 1 is an object",
+		`"\ud800"`: "value 1 is a string with an unpaired surrogate",
+	} {
+		if _, err := Key("pay", v); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("Key(%q): error %v, want one containing %q", v, err, msg)
+		}
+	}
+}

@@ -220,6 +220,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", shortkey.Quote(t.Type()), err)
 		}
 		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
+		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpBadInput, Name: t.Type(), ID: id, Err: err})
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -230,11 +231,12 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ran        bool
 		handlerErr error
 	)
+	start := time.Now()
 	err = m.locks.WithLock(ctx, key, m.ttl, func(ctx context.Context) error {
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
 		return nil // kept apart, so that err is only about the lock
-	}, mutex.MaxWait(wait))
+	}, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
 
 	if ran {
 		m.conflicts.forget(id)
@@ -258,22 +260,26 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 
 	le := &LockedError{Key: key, taskType: t.Type(), taskID: id}
+	conflict := func(policy string) {
+		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpConflict, Key: key, Name: t.Type(), ID: id, Wait: time.Since(start), Policy: policy, Err: le})
+		m.failed(ctx, t, le)
+	}
 	switch m.policy {
 	case Skip:
-		m.failed(ctx, t, le)
+		conflict("skip")
 		return nil
 	case Fail:
-		m.failed(ctx, t, le)
+		conflict("fail")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
 	if lastTry {
 		le.waited, le.archived = wait, true
-		m.failed(ctx, t, le)
+		conflict("archive")
 		return &wrapError{msg: le.Error(), err: errors.Join(le, asynq.SkipRetry)}
 	}
 	n := m.conflicts.add(id)
 	le.RetryIn = backoff(time.Duration(m.policy), n)
-	m.failed(ctx, t, le)
+	conflict("retry")
 	return le
 }
 

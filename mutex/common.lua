@@ -7,8 +7,11 @@
 --                must look); "r" released: a tombstone kept for a while so that a
 --                release repeated after a lost reply is recognised; every script
 --                treats it as a free lock;
---   bytes 18-    the holder's identity: its token's length in 4 decimal digits, then
+--   bytes 18-33  when the holder got the lock: server time in microseconds, 16 digits;
+--   bytes 34-    the holder's identity: its token's length in 4 decimal digits, then
 --                the token (the releaser's, in a tombstone);
+--   then         what the holder says about itself for people (host, process, task):
+--                its length in 4 decimal digits, then the text; scripts never read it;
 --   the rest     the identity of the holder that handed the lock over, or nothing, so
 --                that its release, repeated after a lost reply, is recognised.
 -- Callers pass their identity in the same form, so "our token holds it" is one
@@ -21,22 +24,64 @@
 
 -- ours reports whether identity id holds (or, in a tombstone, released) value v.
 local function ours(v, id)
-  return string.sub(v, 18, 17 + #id) == id
+  return string.sub(v, 34, 33 + #id) == id
 end
 
--- holder is the identity in v, and the rest of v after it (the previous holder's).
+-- holder is the identity in v, and the rest of v after the holder's description
+-- (the previous holder's identity).
 local function holder(v)
-  local n = tonumber(string.sub(v, 18, 21)) or -4
-  return string.sub(v, 18, 21 + n), string.sub(v, 22 + n)
+  local n = tonumber(string.sub(v, 34, 37)) or -4
+  local m = tonumber(string.sub(v, 38 + n, 41 + n)) or -4
+  return string.sub(v, 34, 37 + n), string.sub(v, 42 + n + m)
 end
 
-local function value(fence, state, id, prev)
-  return string.format('%016d', fence) .. state .. id .. prev
+-- value is a lock value; who is the holder's identity followed by its description.
+local function value(fence, state, since, who, prev)
+  return string.format('%016d', fence) .. state .. string.format('%016d', since) .. who .. prev
 end
 
--- nextFence is the fence after value v's (v may be nil).
+-- nextFence is the fence after value v's (v may be nil), and the server time in
+-- microseconds.
 local function nextFence(v)
   local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local f = v and tonumber(string.sub(v, 1, 16)) or 0
-  return math.max(f + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  return math.max(f + 1, now), now
+end
+
+-- handOver gives the lock, whose value is v and which identity id releases, to the
+-- oldest waiter in queue q whose client is listening: the waiter's entry is taken out,
+-- the lock is set to its identity with a new fence and its own lease, and its client
+-- gets "<waiter> <fence>" on channel chan .. <client>. When no subscriber received
+-- that (the client died or is reconnecting), the next waiter is tried, so dead waiters
+-- cannot swallow a release; the waiter passed over tries again by itself once it
+-- listens again. PUBLISH counts every subscriber only when counts is "1" (not in
+-- Redis Cluster, where it counts those of one node). Returns true when a waiter got
+-- the lock, false when nobody was left.
+local function handOver(lock, q, v, id, chan, counts)
+  while true do
+    local e = redis.call('LPOP', q)
+    if not e then
+      return false
+    end
+    local dot = string.find(e, '.', 1, true)
+    local s1 = string.find(e, ' ', 1, true)
+    local s2 = s1 and string.find(e, ' ', s1 + 1, true)
+    if dot and s2 and dot < s1 then
+      local f, now = nextFence(v)
+      local nv = value(f, 'w', now, string.sub(e, s2 + 1), id)
+      redis.call('SET', lock, nv, 'PX', string.sub(e, s1 + 1, s2 - 1))
+      local got = redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1),
+        string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.sub(nv, 1, 16))
+      if got > 0 or counts ~= '1' then
+        return true
+      end
+      v = nv
+    end
+  end
+end
+
+-- tombstone is what a release by identity id leaves of value v.
+local function tombstone(v, id)
+  return string.sub(v, 1, 16) .. 'r' .. string.sub(v, 18, 33) .. id .. '0000'
 end

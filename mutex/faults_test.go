@@ -74,7 +74,7 @@ func TestLostReplyDoesNotLeak(t *testing.T) {
 		a, err := c.newAcquisition(key, time.Hour, nil)
 		require.NoError(t, err)
 		_, err = lockScript.Run(ctx, b.rdb, a.keys,
-			a.id, a.ttl.Milliseconds(), "", "0").Result()
+			a.id, a.ttl.Milliseconds(), "", "0", a.desc).Result()
 		require.Error(t, err)
 		locked, lerr = c.Locked(ctx, key)
 		require.NoError(t, lerr)
@@ -96,7 +96,7 @@ func TestLostReplyRetriedThroughProxy(t *testing.T) {
 	assert.Equal(t, 1, p.Dropped(), "a reply was dropped")
 	val, err := rdb.Get(ctx, c.redisKey(key)).Result()
 	require.NoError(t, err)
-	assert.True(t, strings.HasPrefix(val[17:], identity(l.Token())), "our token holds the key: %q", val)
+	assert.True(t, strings.HasPrefix(val[idAt:], identity(l.Token())), "our token holds the key: %q", val)
 	require.NoError(t, l.Unlock(ctx))
 
 	// Positive control: the same fault breaks a plain SET NX, which reports "not set"

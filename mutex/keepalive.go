@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -63,7 +64,7 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 		cancelFn(context.Canceled)
 		rctx, rcancel := releaseContext(ctx, ttl)
 		sent := time.Now()
-		uerr := l.Unlock(rctx)
+		uerr := l.unlock(rctx)
 		rcancel()
 		if errors.Is(uerr, ErrNotHeld) {
 			if sent.Before(l.validUntil()) {
@@ -73,6 +74,12 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 			} else if leaseErr == nil {
 				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", shortkey.Quote(key), ErrNotHeld)
 			}
+		}
+		switch {
+		case leaseErr != nil:
+			l.emit(ctx, OpLeaseLost, leaseErr)
+		case uerr == nil:
+			l.emit(ctx, OpReleased, nil)
 		}
 		switch {
 		case leaseErr != nil:
@@ -142,6 +149,12 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 				return nil
 			default:
 				// Redis did not answer: try again soon, well before the lease ends.
+				if lastErr == nil {
+					l.c.log().LogAttrs(ctx, slog.LevelWarn, "mutex: renewing a lease got no answer; trying again before it ends",
+						slog.String("key", shortkey.Shorten(l.key)), slog.String("name", l.by.name), slog.String("id", l.by.id),
+						slog.String("error", err.Error()))
+				}
+				l.emit(ctx, OpRenewFailed, err)
 				lastErr = err
 				next = time.Now().Add(every/8 + rand.N(every/8+time.Millisecond))
 			}
@@ -163,7 +176,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 			go func(res chan<- error) {
 				rctx, rcancel := context.WithDeadline(ctx, until)
 				defer rcancel()
-				res <- l.Extend(rctx, ttl)
+				res <- l.extend(rctx, ttl)
 			}(inflight)
 		}
 	}

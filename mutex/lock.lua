@@ -2,12 +2,14 @@
 -- is not, queue the caller as a waiter to be handed the lock by a release.
 --
 -- KEYS[1] -> <prefix>{<key>}        the lock (see common.lua for its value); expires after the lease
--- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <identity>", oldest first
+-- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <identity><description>",
+--                                   oldest first
 -- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
 -- ARGV[2] -> lease in milliseconds
 -- ARGV[3] -> waiter to queue if the lock is busy, "<client>.<waiter> <lease ms>" (the lease a
 --            release hands it), or "" to queue nobody
 -- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
+-- ARGV[5] -> the holder's description: its length in 4 digits, then the text
 --
 -- Both keys share the hash tag, so one Redis Cluster slot.
 -- Returns {fence, 0} when the lock is ours, {0, pttl} when another token holds it
@@ -28,13 +30,13 @@ if v and string.byte(v, 17) ~= 114 then -- held ("r" is a tombstone)
   if ours(v, ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if ARGV[4] == '1' then
-      redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1])
+      redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5])
     end
     return {tonumber(string.sub(v, 1, 16)), 0}
   end
   local pttl = redis.call('PTTL', KEYS[1])
   if ARGV[3] ~= '' then
-    local entry = ARGV[3] .. ' ' .. ARGV[1]
+    local entry = ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5]
     if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
       redis.call('RPUSH', KEYS[2], entry)
     end
@@ -51,9 +53,9 @@ end
 -- "w" when it queues, so our release hands the lock on.
 local state = 'h'
 if ARGV[4] == '1' then
-  redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1])
+  redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5])
   state = 'w' -- others may be queued behind us
 end
-local f = nextFence(v)
-redis.call('SET', KEYS[1], value(f, state, ARGV[1], v and holder(v) or ''), 'PX', ARGV[2])
+local f, now = nextFence(v)
+redis.call('SET', KEYS[1], value(f, state, now, ARGV[1] .. ARGV[5], v and holder(v) or ''), 'PX', ARGV[2])
 return {f, 0}

@@ -35,6 +35,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,6 +110,11 @@ type Client struct {
 	// countsSubscribers is "1" unless rdb is a Cluster client: there PUBLISH counts only
 	// the subscribers of the node it ran on, so zero does not mean nobody listens.
 	countsSubscribers string
+
+	host    string // this machine, recorded in every lock it takes (see Holder)
+	desc    string // describe("", ""): the description of a holder without HeldBy
+	observe func(context.Context, Event)
+	logger  *slog.Logger // nil: slog.Default() when a record is logged
 }
 
 // Option configures a Client in New.
@@ -135,7 +142,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if rdb == nil {
 		panic("mutex.New: nil redis client")
 	}
-	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1"}
+	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1", host: hostname()}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.countsSubscribers = "0"
 	}
@@ -143,6 +150,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		o.apply(c)
 	}
 	c.channels = c.prefix + channelInfix
+	c.desc = c.describe("", "")
 	c.hub = newHub(c)
 	return c
 }
@@ -164,7 +172,11 @@ type LockOption interface{ applyLock(*lockConfig) }
 type lockConfig struct {
 	maxWait time.Duration // < 0: until the context is done
 	token   string
+	by      heldBy
 }
+
+// heldBy is what a holder says about itself with HeldBy.
+type heldBy struct{ name, id string }
 
 type lockOptionFunc func(*lockConfig)
 
@@ -197,6 +209,17 @@ func Token(s string) LockOption {
 	return lockOptionFunc(func(c *lockConfig) { c.token = s })
 }
 
+// HeldBy records what takes the lock, for people: name says what kind of work it is
+// and id which one (the asynqmutex middleware passes the task type and the task ID).
+// They are stored in the lock's value with the host name and process ID, shown by
+// Inspect and the asynqmutex command, and passed in every Event of the acquisition.
+// Each is cut to 100 bytes (with a digest past 64), tabs and newlines become spaces.
+// Without HeldBy a lock records only host and process. They cost no extra round trip.
+func HeldBy(name, id string) LockOption {
+	b := heldBy{name: cleanField(name), id: cleanField(id)}
+	return lockOptionFunc(func(c *lockConfig) { c.by = b })
+}
+
 // Lock is a held lock. Its methods are safe for concurrent use; Unlock and the other
 // methods are safe on a nil *Lock, which holds nothing.
 type Lock struct {
@@ -205,6 +228,8 @@ type Lock struct {
 	keys  []string // the Redis keys: the lock, its wait queue
 	id    string   // the identity scripts compare: the token's length in 4 digits, then the token
 	fence int64
+	by    heldBy
+	taken time.Time // when the attempt that took it was sent, on our clock
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
@@ -265,6 +290,15 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrNotHeld
 	}
+	err := l.extend(ctx, ttl)
+	if errors.Is(err, ErrNotHeld) {
+		l.emit(ctx, OpLeaseLost, err)
+	}
+	return err
+}
+
+// extend is Extend without the event of a lost lease: WithLock reports that itself.
+func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkTTL(ttl); err != nil {
 		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
 	}
@@ -297,6 +331,25 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if l == nil {
 		return ErrNotHeld
 	}
+	err := l.unlock(ctx)
+	switch {
+	case err == nil:
+		l.emit(ctx, OpReleased, nil)
+	case errors.Is(err, ErrNotHeld):
+		l.emit(ctx, OpLeaseLost, err)
+	}
+	return err
+}
+
+// emit reports op on l to the Client's observers, with how long l has been held.
+func (l *Lock) emit(ctx context.Context, op Op, err error) {
+	if l.c.observe != nil {
+		l.c.observe(ctx, Event{Op: op, Key: l.key, Name: l.by.name, ID: l.by.id, Fence: l.fence, Held: time.Since(l.taken), Err: err})
+	}
+}
+
+// unlock is Unlock without events: WithLock decides what its result means.
+func (l *Lock) unlock(ctx context.Context) error {
 	n, err := l.c.release(ctx, l.keys, l.id, "")
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
@@ -333,11 +386,8 @@ func (c *Client) TryLock(ctx context.Context, key string, ttl time.Duration, opt
 	if err != nil {
 		return nil, err
 	}
-	l, _, err := c.attempt(ctx, a, nil)
-	if err == nil && l == nil {
-		err = ErrNotObtained
-	}
-	return l, err
+	a.maxWait = 0
+	return c.acquire(ctx, a)
 }
 
 // Locked reports whether anyone holds the lock on key. The answer may be stale by the
@@ -355,12 +405,15 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 
 // acquisition is one call of TryLock, Lock or WithLock: several attempts share its token.
 type acquisition struct {
-	c       *Client
-	renewed bool   // WithLock renews the lease: a hand-over may give a short one
-	id      string // identity(token)
-	key     string
-	keys    []string // the lock's Redis key, its wait queue
-	ttl     time.Duration
+	c         *Client
+	renewed   bool // WithLock renews the lease: a hand-over may give a short one
+	contended bool // an attempt found another holder: OpContended was reported
+	start     time.Time
+	id        string // identity(token)
+	desc      string // what the holder says about itself, as scripts store it (see describe)
+	key       string
+	keys      []string // the lock's Redis key, its wait queue
+	ttl       time.Duration
 	lockConfig
 }
 
@@ -380,7 +433,7 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 		return nil, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(key), err)
 	}
 	rkey := c.redisKey(key)
-	a := &acquisition{c: c, key: key, keys: []string{rkey, rkey + waitSuffix}, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	a := &acquisition{c: c, start: time.Now(), key: key, keys: []string{rkey, rkey + waitSuffix}, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	for _, o := range opts {
 		o.applyLock(&a.lockConfig)
 	}
@@ -388,6 +441,10 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 		a.token = newToken()
 	}
 	a.id = identity(a.token)
+	a.desc = c.desc
+	if a.by != (heldBy{}) {
+		a.desc = c.describe(a.by.name, a.by.id)
+	}
 	return a, nil
 }
 
@@ -407,7 +464,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	}
 	sent := time.Now()
 	res, err := lockScript.Run(ctx, c.rdb, a.keys,
-		a.id, a.ttl.Milliseconds(), id, queued).Int64Slice()
+		a.id, a.ttl.Milliseconds(), id, queued, a.desc).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
@@ -423,6 +480,10 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		return nil, 0, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(a.key), err)
 	}
 	if res[0] == 0 {
+		if !a.contended {
+			a.contended = true
+			c.Emit(ctx, Event{Op: OpContended, Key: a.key, Name: a.by.name, ID: a.by.id})
+		}
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
 	return a.lock(res[0], sent, a.ttl), 0, nil
@@ -431,7 +492,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 // lock is the Lock this acquisition holds with fence f, granted for lease by a
 // command sent at sent or later.
 func (a *acquisition) lock(f int64, sent time.Time, lease time.Duration) *Lock {
-	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, until: leaseEnd(sent, lease)}
+	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, by: a.by, taken: sent, until: leaseEnd(sent, lease)}
 }
 
 // handOverLease is the lease a release hands this acquisition's waiter.
@@ -457,6 +518,31 @@ func (c *Client) abandon(ctx context.Context, a *acquisition) {
 func (c *Client) release(ctx context.Context, keys []string, id, entry string) (int64, error) {
 	return releaseScript.Run(ctx, c.rdb, keys,
 		id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+}
+
+// describe is what a holder says about itself in the lock's value: host, process ID,
+// HeldBy's name and id, separated by tabs, preceded by the text's length in
+// idLenDigits decimal digits (see common.lua).
+func (c *Client) describe(name, id string) string {
+	return identity(c.host + "\t" + strconv.Itoa(os.Getpid()) + "\t" + name + "\t" + id)
+}
+
+// cleanField makes s fit a description: at most 100 bytes, and no tab or newline.
+func cleanField(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\t' || r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, shortkey.Shorten(s))
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown"
+	}
+	return cleanField(h)
 }
 
 // identity is how scripts name the holder of token: its length in idLenDigits

@@ -181,12 +181,14 @@ func TestForeignValueIsNotOurs(t *testing.T) {
 		key := uniqueKey(t)
 		// A value written by something else, not of our form, must not match an empty
 		// or partial token.
-		for _, v := range []string{"tok", "0003tok", "0000000000000001h0002tok", "0000000000000001h00003tok", "0000000000000001h"} {
+		since := "0000000000000001h0000000000000001"
+		for _, v := range []string{"tok", "0003tok", "0000000000000001h0002tok", "0000000000000001h00003tok", "0000000000000001h",
+			since + "0002tok0000", since + "00003tok0000", since} {
 			require.NoError(t, b.admin.Set(ctx, c.redisKey(key), v, time.Minute).Err())
 			_, err := c.TryLock(ctx, key, time.Minute, Token("tok"))
 			assert.ErrorIs(t, err, ErrNotObtained, "value %q", v)
 		}
-		require.NoError(t, b.admin.Set(ctx, c.redisKey(key), "0000000000000001h0005a:tok", time.Minute).Err())
+		require.NoError(t, b.admin.Set(ctx, c.redisKey(key), since+"0005a:tok0000", time.Minute).Err())
 		_, err := c.TryLock(ctx, key, time.Minute, Token("tok"))
 		assert.ErrorIs(t, err, ErrNotObtained, "token is compared whole")
 		l, err := c.TryLock(ctx, key, time.Minute, Token("a:tok"))

@@ -85,7 +85,7 @@ func TestFencesSurviveRestore(t *testing.T) {
 	s.Restart(t)
 	v, err := rdb.Get(ctx, c.redisKey(key)).Result()
 	require.NoError(t, err, "control: the restart restored the snapshot")
-	require.True(t, strings.HasPrefix(v[17:], identity(held.Token())), "control: the snapshot's holder is back: %q", v)
+	require.True(t, strings.HasPrefix(v[idAt:], identity(held.Token())), "control: the snapshot's holder is back: %q", v)
 
 	// The restored holder releases, and the next holder's fence still exceeds all.
 	require.NoError(t, held.Unlock(ctx))
@@ -350,7 +350,7 @@ func TestHandOverToCutOffWaiterFreesSoon(t *testing.T) {
 	require.NoError(t, holder.Unlock(ctx))
 	v, err := b.admin.Get(ctx, direct.redisKey(key)).Result()
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(v[17:], cut.hub.waiterIdentity(t)), "control: the lock was handed to the cut-off waiter: %q", v)
+	require.True(t, strings.HasPrefix(v[idAt:], cut.hub.waiterIdentity(t)), "control: the lock was handed to the cut-off waiter: %q", v)
 	start := time.Now()
 	l, err := direct.Lock(ctx, key, time.Minute, MaxWait(10*time.Second))
 	require.NoError(t, err, "the key must free once the hand-over's short lease ends")

@@ -30,6 +30,14 @@ var (
 	pttlLua    string
 	pttlScript = newScript(pttlLua)
 
+	//go:embed force.lua
+	forceLua    string
+	forceScript = newScript(forceLua)
+
+	//go:embed inspect.lua
+	inspectLua    string
+	inspectScript = newScript(inspectLua)
+
 	//go:embed locked.lua
 	lockedLua    string
 	lockedScript = newScript(lockedLua)

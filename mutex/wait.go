@@ -3,6 +3,7 @@ package mutex
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -48,7 +49,23 @@ func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts .
 	return c.acquire(ctx, a)
 }
 
+// acquire takes the lock for a, waiting as a.maxWait says, and reports the outcome to
+// the Client's observers.
 func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
+	l, err := c.obtain(ctx, a)
+	if c.observe != nil {
+		e := Event{Key: a.key, Name: a.by.name, ID: a.by.id, Err: err}
+		if l != nil {
+			e.Op, e.Fence, e.Wait = OpAcquired, l.fence, l.taken.Sub(a.start)
+		} else {
+			e.Op, e.Wait = OpNotObtained, time.Since(a.start)
+		}
+		c.observe(ctx, e)
+	}
+	return l, err
+}
+
+func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 	if a.maxWait == 0 {
 		l, _, err := c.attempt(ctx, a, nil)
 		if err == nil && l == nil {
@@ -183,7 +200,7 @@ func (h *hub) join(a *acquisition) *waiter {
 	id := strconv.FormatUint(h.seq, 36)
 	head := h.id + "." + id + " " + strconv.FormatInt(a.handOverLease().Milliseconds(), 10)
 	w := &waiter{
-		a: a, id: id, head: head, entry: head + " " + a.id,
+		a: a, id: id, head: head, entry: head + " " + a.id + a.desc,
 		grant: make(chan int64, 1), wake: make(chan struct{}, 1),
 	}
 	h.waiters[id] = w
@@ -260,7 +277,17 @@ func (h *hub) read(s *subscription) {
 	ps := s.ps
 	h.mu.Unlock()
 	backoff := 10 * time.Millisecond
-	subscribe, pinged := true, false
+	subscribe, pinged, lost := true, false, false
+	wakeupLost := func(err error) {
+		// A connection closed on our side (the redis client was closed) is no fault
+		// to report.
+		if !lost && !errors.Is(err, net.ErrClosed) && !errors.Is(err, redis.ErrClosed) {
+			lost = true
+			h.c.log().LogAttrs(context.Background(), slog.LevelWarn, "mutex: subscription for hand-overs lost; waiters try again, and again once it is back",
+				slog.String("error", err.Error()))
+			h.c.Emit(context.Background(), Event{Op: OpWakeupLost, Err: err})
+		}
+	}
 	for {
 		var (
 			msg any
@@ -287,6 +314,7 @@ func (h *hub) read(s *subscription) {
 				// Silent for a whole interval after a PING: the connection is dead
 				// though nothing said so (a lost network, a frozen server).
 				subscribe, pinged = true, false
+				wakeupLost(errors.New("subscription connection silent after a PING; replaced"))
 			} else {
 				return
 			}
@@ -300,6 +328,7 @@ func (h *hub) read(s *subscription) {
 			// The connection broke: hand-overs may have been lost, and go-redis will
 			// resubscribe on the next Receive. Let every waiter try again now, and
 			// again when the subscription is confirmed.
+			wakeupLost(err)
 			h.mu.Lock()
 			h.wakeAll()
 			h.mu.Unlock()
@@ -322,6 +351,11 @@ func (h *hub) read(s *subscription) {
 				h.mu.Lock()
 				h.wakeAll()
 				h.mu.Unlock()
+				if lost {
+					lost = false
+					h.c.log().LogAttrs(context.Background(), slog.LevelInfo, "mutex: subscription for hand-overs is back")
+					h.c.Emit(context.Background(), Event{Op: OpWakeupRecovered})
+				}
 			}
 		case *redis.Message:
 			h.handedOver(m.Payload)

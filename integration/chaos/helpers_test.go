@@ -1008,19 +1008,26 @@ func NewRig(t testing.TB) *Rig {
 func RedisLockKey(key string) string { return mutex.DefaultPrefix + "{" + key + "}" }
 
 // HolderOf reads a lock key's value as mutex/common.lua documents it (16 digits of
-// fence, a state byte, then the holder's token length in 4 digits and the token)
-// and returns the holder's token. held is false only for a released lock's
-// tombstone (state "r"); a value of another form counts as held, by the whole
-// value, as the library's scripts count it.
+// fence, a state byte, 16 digits of the time it was taken, then the holder's token
+// length in 4 digits and the token) and returns the holder's token. held is false
+// only for a released lock's tombstone (state "r"); a value of another form counts
+// as held, by the whole value, as the library's scripts count it.
 func HolderOf(v string) (token string, held bool) {
-	if len(v) < 21 {
+	const idAt = 16 + 1 + 16
+	if len(v) < idAt+4 {
 		return v, true
 	}
-	n, err := strconv.Atoi(v[17:21])
-	if err != nil || 21+n > len(v) {
+	n, err := strconv.Atoi(v[idAt : idAt+4])
+	if err != nil || idAt+4+n > len(v) {
 		return v, true
 	}
-	return v[21 : 21+n], v[16] != 'r'
+	return v[idAt+4 : idAt+4+n], v[16] != 'r'
+}
+
+// HeldValue is a lock value held with fence f by token, with no description, as
+// mutex/common.lua documents it.
+func HeldValue(f int64, token string) string {
+	return fmt.Sprintf("%016dh%016d%04d%s0000", f, f, len(token), token)
 }
 
 // FencePrefix is how a lock value held with fence f begins.

@@ -744,7 +744,7 @@ func TestNetworkFaults(t *testing.T) {
 		ok, err := rig.LockRDB.Eval(context.Background(), `local v = redis.call('GET', KEYS[1])
 if v and string.byte(v, 17) ~= 114 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1`, []string{RedisLockKey(keys[0])}, FencePrefix(1)+"h"+fmt.Sprintf("%04d", len(controlToken))+controlToken, 700).Bool()
+return 1`, []string{RedisLockKey(keys[0])}, HeldValue(1, controlToken), 700).Bool()
 		if err != nil {
 			t.Fatalf("control: %v", err)
 		}

@@ -1,0 +1,134 @@
+package mutex
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+)
+
+// Op says what happened in an Event.
+type Op uint8
+
+// The operations an Event reports. The first group comes from the Client itself; the
+// second from packages built on it, through Client.Emit (the asynqmutex middleware).
+const (
+	// OpAcquired: the lock was taken. Wait is the time from the first attempt to the
+	// one that took it (0 for an uncontended lock); Fence is the new fence.
+	OpAcquired Op = iota + 1
+	// OpContended: an acquisition found the key held by another, once per acquisition
+	// (a TryLock, Lock or WithLock call), however often it then tries again.
+	OpContended
+	// OpNotObtained: an acquisition ended without the lock. Err wraps ErrNotObtained
+	// when the key stayed busy (joined with the context's error when that ended the
+	// wait) and is a Redis error otherwise; Wait is how long it tried.
+	OpNotObtained
+	// OpReleased: the holder released the lock. Held is how long it held it, on its
+	// own clock.
+	OpReleased
+	// OpRenewFailed: a renewal by WithLock got no answer (Err); it is tried again
+	// well before the lease ends, and the lease still stands.
+	OpRenewFailed
+	// OpLeaseLost: the lease ended while the holder still counted on it: Redis said
+	// the key was gone or held by another token, or renewals failed until the lease
+	// ran out. Another holder may have overlapped. Err says why; Held is how long it
+	// had been held.
+	OpLeaseLost
+	// OpWakeupLost: the Client's subscription connection broke or fell silent (Err),
+	// so its waiters may miss a hand-over; they try again at once and when the
+	// connection is back, and meanwhile when the holder's lease runs out.
+	OpWakeupLost
+	// OpWakeupRecovered: the subscription is confirmed again after OpWakeupLost.
+	OpWakeupRecovered
+
+	// OpConflict: the asynqmutex middleware did not run a task because its key was
+	// busy. Policy says what became of the task: "skip", "fail", "retry" (sent back
+	// under RetryLater) or "archive" (no retry was left).
+	OpConflict
+	// OpBadInput: the asynqmutex middleware archived a task because no key could be
+	// derived from it (Err says why).
+	OpBadInput
+)
+
+var opNames = [...]string{
+	OpAcquired: "acquired", OpContended: "contended", OpNotObtained: "not_obtained",
+	OpReleased: "released", OpRenewFailed: "renew_failed", OpLeaseLost: "lease_lost",
+	OpWakeupLost: "wakeup_lost", OpWakeupRecovered: "wakeup_recovered",
+	OpConflict: "conflict", OpBadInput: "bad_input",
+}
+
+// String returns the operation's name in snake case, such as "lease_lost", for logs
+// and metric labels.
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return "op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Event is something that happened to a lock, reported to the function given to
+// Observe. Fields that do not apply to Op are zero.
+type Event struct {
+	Op Op
+	// Key is the lock's key as the caller gave it; empty for the wake-up operations.
+	// It can be long and unbounded in number: never use it as a metric label.
+	Key string
+	// Name and ID are what the holder said about itself with HeldBy: for the
+	// asynqmutex middleware, the task type and the task ID.
+	Name, ID string
+	Fence    int64
+	Wait     time.Duration // OpAcquired, OpNotObtained, OpConflict
+	Held     time.Duration // OpReleased, OpLeaseLost
+	Policy   string        // OpConflict
+	Err      error         // OpNotObtained, OpRenewFailed, OpLeaseLost, OpWakeupLost, OpBadInput
+}
+
+// Observe makes the Client call fn for every Event of its locks, its waiters and, via
+// Emit, the packages built on it. fn runs synchronously on the goroutine where the
+// event happened, with the context of the call that caused it (context.Background
+// for the wake-up operations), so it must be quick, must not block, and must be safe
+// for concurrent use; it must not call the Client. Given more than once, every fn is
+// called, in order. By default nothing is called, and an unset observer costs
+// nothing but a nil check. Observe panics if fn is nil.
+func Observe(fn func(ctx context.Context, e Event)) Option {
+	if fn == nil {
+		panic("mutex.Observe: nil function")
+	}
+	return optionFunc(func(c *Client) {
+		if prev := c.observe; prev != nil {
+			c.observe = func(ctx context.Context, e Event) { prev(ctx, e); fn(ctx, e) }
+			return
+		}
+		c.observe = fn
+	})
+}
+
+// Emit passes e to the Client's observers (see Observe), if any. It is for packages
+// built on the Client, such as the asynqmutex middleware, so that one observer hears
+// their events too. Safe for concurrent use; a no-op without observers.
+func (c *Client) Emit(ctx context.Context, e Event) {
+	if c.observe != nil {
+		c.observe(ctx, e)
+	}
+}
+
+// Logger sets where the Client logs what an operator should hear of: a renewal that
+// got no answer (Warn, once per run of failures, with the key shortened and the
+// holder's HeldBy name and ID), and the subscription connection breaking (Warn) and
+// recovering (Info). Lost leases are not logged here: WithLock, Lock.Extend and
+// Lock.Unlock return them to the caller, and the asynqmutex middleware logs them.
+// Tokens are never logged. The default is slog.Default(), looked up when a record is
+// logged. Logger panics if l is nil.
+func Logger(l *slog.Logger) Option {
+	if l == nil {
+		panic("mutex.Logger: nil *slog.Logger")
+	}
+	return optionFunc(func(c *Client) { c.logger = l })
+}
+
+func (c *Client) log() *slog.Logger {
+	if c.logger != nil {
+		return c.logger
+	}
+	return slog.Default()
+}

@@ -1,0 +1,323 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+)
+
+// Holder is who holds, or waits for, a lock: what it recorded when it asked for it.
+type Holder struct {
+	// Name and ID are what HeldBy gave: for the asynqmutex middleware the task type
+	// and the task ID. Empty without HeldBy.
+	Name, ID string
+	// Host is the holder's host name (os.Hostname), PID its process ID.
+	Host string
+	PID  int
+}
+
+// String describes h in one line, such as `payment:capture 3f2a… on web-1 (pid 812)`.
+func (h Holder) String() string {
+	var b strings.Builder
+	b.WriteString(h.Name)
+	if h.ID != "" {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(h.ID)
+	}
+	if b.Len() > 0 {
+		b.WriteByte(' ')
+	}
+	b.WriteString("on " + h.Host)
+	if h.PID != 0 {
+		b.WriteString(" (pid " + strconv.Itoa(h.PID) + ")")
+	}
+	return b.String()
+}
+
+// Info is the state of one lock, as Inspect, List and ForceRelease read it in one
+// script call. It is a snapshot: the lock may have changed hands by the time it is read.
+type Info struct {
+	// Key is the caller's key, decoded from the Redis key. For a key longer than 256
+	// bytes the Redis key holds only its first 64 bytes and a digest, and Key is that
+	// (Digested is then true).
+	Key      string
+	Digested bool
+	// RedisKey is the Redis key of the lock; its queue of waiters is RedisKey + ":wait".
+	RedisKey string
+	// Held reports whether anyone holds the lock. The fields below it describe the
+	// holder; when the lock is not held they describe the last holder, if Redis still
+	// knows it (Fence is then non-zero).
+	Held bool
+	// Foreign reports a value this package did not write (set by hand): the key counts
+	// as held, but nothing else of it can be read.
+	Foreign bool
+	Holder  Holder
+	// Since is when the holder got the lock, on the Redis server's clock.
+	Since time.Time
+	// TTL is the lease left: how long until the lock frees itself unless renewed.
+	// -1 means the key has no expiry (set by hand).
+	TTL   time.Duration
+	Fence int64
+	// Waiting is how many waiters are queued, Waiters the first of them, oldest first
+	// (Inspect fills it; List leaves it empty). A queued waiter whose process has died
+	// stays listed until a release passes it over or the queue expires.
+	Waiting int
+	Waiters []Holder
+}
+
+// lockValue is a lock key's value read as common.lua documents it.
+type lockValue struct {
+	fence  int64
+	state  byte // 'h', 'w' or 'r'
+	since  int64
+	id     string // identity: token length and token
+	holder Holder
+	prev   string
+}
+
+const (
+	fenceEnd = 16               // bytes 1-16: the fence
+	stateAt  = fenceEnd         // byte 17: the state, at index 16
+	sinceEnd = stateAt + 1 + 16 // bytes 18-33: since, in microseconds
+	idAt     = sinceEnd         // bytes 34-: identity, at index 33
+)
+
+// parseValue reads a lock value; ok is false for a value of another form.
+func parseValue(v string) (lv lockValue, ok bool) {
+	if len(v) < idAt+idLenDigits {
+		return lv, false
+	}
+	var err1, err2 error
+	lv.fence, err1 = strconv.ParseInt(v[:fenceEnd], 10, 64)
+	lv.state = v[stateAt]
+	lv.since, err2 = strconv.ParseInt(v[stateAt+1:sinceEnd], 10, 64)
+	id, rest, ok := cutCounted(v[idAt:])
+	if err1 != nil || err2 != nil || !ok || !strings.ContainsRune("hwr", rune(lv.state)) {
+		return lockValue{}, false
+	}
+	lv.id = v[idAt : idAt+idLenDigits+len(id)]
+	desc, prev, ok := cutCounted(rest)
+	if !ok {
+		return lockValue{}, false
+	}
+	lv.holder, lv.prev = parseDescription(desc), prev
+	return lv, true
+}
+
+// cutCounted splits s after a text preceded by its length in idLenDigits digits.
+func cutCounted(s string) (text, rest string, ok bool) {
+	if len(s) < idLenDigits {
+		return "", "", false
+	}
+	n, err := strconv.Atoi(s[:idLenDigits])
+	if err != nil || n < 0 || len(s) < idLenDigits+n {
+		return "", "", false
+	}
+	return s[idLenDigits : idLenDigits+n], s[idLenDigits+n:], true
+}
+
+// parseDescription reads what describe wrote.
+func parseDescription(d string) Holder {
+	f := strings.SplitN(d, "\t", 4)
+	for len(f) < 4 {
+		f = append(f, "")
+	}
+	pid, _ := strconv.Atoi(f[1])
+	return Holder{Host: f[0], PID: pid, Name: f[2], ID: f[3]}
+}
+
+// parseEntry reads a queue entry as lock.lua writes it: "<client>.<waiter> <lease ms> <identity><description>".
+func parseEntry(e string) Holder {
+	_, rest, _ := strings.Cut(e, " ")
+	_, rest, _ = strings.Cut(rest, " ")
+	_, rest, ok := cutCounted(rest)
+	if !ok {
+		return Holder{}
+	}
+	desc, _, _ := cutCounted(rest)
+	return parseDescription(desc)
+}
+
+// maxListedWaiters is how many waiters Inspect returns.
+const maxListedWaiters = 100
+
+// Inspect reads the lock on key and up to its first 100 waiters, changing nothing. A
+// key nobody holds gives an Info with Held false (and no error). It returns a wrapped
+// Redis error when Redis cannot be reached. Safe for concurrent use.
+func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
+	if key == "" {
+		return Info{}, errors.New("mutex: empty key")
+	}
+	rkey := c.redisKey(key)
+	res, err := inspectScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, maxListedWaiters).Slice()
+	if err != nil {
+		return Info{}, fmt.Errorf("mutex: inspect %s: %w", shortkey.Quote(key), err)
+	}
+	return c.info(rkey, res, true)
+}
+
+// info reads inspect.lua's reply about the lock at Redis key rkey.
+func (c *Client) info(rkey string, res []any, waiters bool) (Info, error) {
+	if len(res) != 4 {
+		return Info{}, fmt.Errorf("mutex: inspect: unexpected reply %v", res)
+	}
+	in := Info{RedisKey: rkey}
+	in.Key, in.Digested = c.keyOf(rkey)
+	v, _ := res[0].(string)
+	pttl, _ := res[1].(int64)
+	waiting, _ := res[2].(int64)
+	in.Waiting = int(waiting)
+	if waiters {
+		entries, _ := res[3].([]any)
+		for _, e := range entries {
+			s, _ := e.(string)
+			in.Waiters = append(in.Waiters, parseEntry(s))
+		}
+	}
+	if v == "" {
+		return in, nil
+	}
+	in.TTL = time.Duration(pttl) * time.Millisecond
+	if pttl < 0 {
+		in.TTL = -1
+	}
+	lv, ok := parseValue(v)
+	if !ok {
+		in.Held, in.Foreign = true, true
+		return in, nil
+	}
+	in.Held = lv.state != 'r'
+	in.Fence, in.Holder, in.Since = lv.fence, lv.holder, time.UnixMicro(lv.since)
+	if !in.Held {
+		in.TTL = 0 // the tombstone's own expiry is no lease
+	}
+	return in, nil
+}
+
+// keyOf decodes the caller's key from a Redis key of this Client (see encodeKey).
+func (c *Client) keyOf(rkey string) (key string, digested bool) {
+	enc := strings.TrimSuffix(strings.TrimPrefix(rkey, c.prefix+"{"), "}")
+	if i := strings.IndexByte(enc, '#'); i >= 0 {
+		enc, digested = enc[:i], true
+	}
+	for code, raw := range map[string]string{"%7B": "{", "%7D": "}", "%23": "#", "%25": "%"} {
+		enc = strings.ReplaceAll(enc, code, raw)
+	}
+	return enc, digested
+}
+
+// List yields every lock key of the Client's prefix that is held, in no particular
+// order, reading them SCAN batch by batch with one pipelined script call per batch
+// (on Redis Cluster, every master is scanned). Waiters holds no entries; Waiting
+// counts them. A lock taken or released while List runs may or may not be yielded.
+// Iteration stops at the first error, which is yielded with a zero Info. Safe for
+// concurrent use.
+func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
+	return func(yield func(Info, error) bool) {
+		scan := func(ctx context.Context, rdb redis.UniversalClient) error {
+			return c.scan(ctx, rdb, yield)
+		}
+		var err error
+		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+			err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+		} else {
+			err = scan(ctx, c.rdb)
+		}
+		if err != nil && !errors.Is(err, errStopList) {
+			yield(Info{}, fmt.Errorf("mutex: list: %w", err))
+		}
+	}
+}
+
+var errStopList = errors.New("mutex: list stopped")
+
+func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, yield func(Info, error) bool) error {
+	match := escapeGlob(c.prefix) + "{*}"
+	var cursor uint64
+	for {
+		keys, next, err := rdb.ScanType(ctx, cursor, match, 200, "string").Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			pipe := rdb.Pipeline()
+			cmds := make([]*redis.Cmd, len(keys))
+			for i, k := range keys {
+				cmds[i] = inspectScript.EvalSha(ctx, pipe, []string{k, k + waitSuffix}, 0)
+			}
+			_, _ = pipe.Exec(ctx)
+			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
+				if err := inspectScript.Load(ctx, rdb).Err(); err != nil {
+					return err
+				}
+				continue // the same cursor again, now that the script is loaded
+			}
+			for i, cmd := range cmds {
+				res, err := cmd.Slice()
+				if err != nil {
+					return err
+				}
+				in, err := c.info(keys[i], res, false)
+				if err != nil {
+					return err
+				}
+				if in.Held && !yield(in, nil) {
+					return errStopList
+				}
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
+// escapeGlob escapes the characters SCAN's MATCH gives meaning to.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// ForceRelease frees the lock on key whoever holds it, for an operator unsticking a
+// key whose holder hangs while renewing. It hands the lock to the longest-queued
+// waiter, as a release does, or leaves it free. Afterwards the old holder's token
+// holds nothing: its Extend and Unlock return ErrNotHeld, WithLock cancels its fn at
+// its next renewal (within ttl/3), and every later holder's fence is higher than
+// its own, so a resource that checks fences rejects its late writes.
+//
+// It returns the lock as it was before (Held false when nobody held it: then nothing
+// changed) and the fence of the waiter it was handed to, or 0. A wrapped Redis error
+// means nothing is known; it is safe to repeat. Safe for concurrent use.
+func (c *Client) ForceRelease(ctx context.Context, key string) (before Info, handedTo int64, err error) {
+	if key == "" {
+		return Info{}, 0, errors.New("mutex: empty key")
+	}
+	rkey := c.redisKey(key)
+	res, err := forceScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
+		identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if err != nil {
+		return Info{}, 0, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)
+	}
+	before, err = c.info(rkey, []any{res[0], int64(0), int64(0), nil}, false)
+	handedTo, _ = res[1].(int64)
+	return before, handedTo, err
+}

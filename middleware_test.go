@@ -493,3 +493,61 @@ func TestErrorTextsBounded(t *testing.T) {
 		}
 	})
 }
+
+func TestMiddlewareEvents(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	var (
+		mu     sync.Mutex
+		events []mutex.Event
+	)
+	locks := mutex.New(rdb, mutex.Observe(func(_ context.Context, e mutex.Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}))
+	t.Cleanup(func() { locks.Close() })
+	take := func() []mutex.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		e := events
+		events = nil
+		return e
+	}
+	ctx := context.Background()
+	var holder mutex.Info
+	h := Middleware(locks, On("id"), OnConflict(Skip))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		var err error
+		holder, err = locks.Inspect(ctx, `["pay","t1"]`)
+		return err
+	}))
+	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"id":"t1"}`))))
+	assert.Equal(t, "pay", holder.Holder.Name, "the lock records the task type")
+	ev := take()
+	require.Len(t, ev, 2)
+	assert.Equal(t, mutex.OpAcquired, ev[0].Op)
+	assert.Equal(t, "pay", ev[0].Name)
+	assert.Equal(t, mutex.OpReleased, ev[1].Op)
+
+	busy, err := locks.TryLock(ctx, `["pay","t1"]`, time.Minute)
+	require.NoError(t, err)
+	defer busy.Unlock(ctx)
+	take()
+	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"id":"t1"}`))))
+	ev = take()
+	require.Len(t, ev, 3)
+	assert.Equal(t, []mutex.Op{mutex.OpContended, mutex.OpNotObtained, mutex.OpConflict}, []mutex.Op{ev[0].Op, ev[1].Op, ev[2].Op})
+	assert.Equal(t, "skip", ev[2].Policy)
+	assert.Equal(t, `["pay","t1"]`, ev[2].Key)
+	var le *LockedError
+	assert.ErrorAs(t, ev[2].Err, &le)
+
+	err = h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"no":"id"}`)))
+	require.Error(t, err)
+	ev = take()
+	require.Len(t, ev, 1)
+	assert.Equal(t, mutex.OpBadInput, ev[0].Op)
+	assert.Equal(t, "pay", ev[0].Name)
+	assert.Equal(t, err, ev[0].Err)
+}

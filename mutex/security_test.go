@@ -33,7 +33,8 @@ import (
 // go-redis sends on connecting and subscribing. The README quotes them.
 const aclRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
-	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish"
+	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish " +
+	"+lrange +llen +scan +del" // Inspect, List and ForceRelease only
 
 // certDir holds the shared server's certificates; TestMain removes it.
 var certDir string

@@ -107,6 +107,7 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 			// so the lease counts from no earlier than that.
 			lease := a.handOverLease()
 			if l := a.lock(f, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
+				l.taken = time.Now() // its wait ended now, not when its attempt was sent
 				acquired = true
 				return l, nil
 			}

@@ -168,3 +168,70 @@ func ExampleLock_Fence() {
 	// b writes: <nil>
 	// a wakes and writes: true
 }
+
+// Inspect says who holds a key and who waits; ForceRelease frees a stuck key so that
+// its old holder can neither renew nor release it, and the next fence is higher.
+func ExampleClient_ForceRelease() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	ctx := context.Background()
+
+	stuck, err := locks.TryLock(ctx, "invoice:7", time.Minute, mutex.HeldBy("invoice:send", "task-17"))
+	if err != nil {
+		panic(err)
+	}
+	in, err := locks.Inspect(ctx, "invoice:7")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("held by", in.Holder.Name, in.Holder.ID, "lease left", in.TTL.Round(time.Minute))
+
+	before, _, err := locks.ForceRelease(ctx, "invoice:7")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("released the lock of", before.Holder.ID)
+	fmt.Println("old holder extends:", errors.Is(stuck.Extend(ctx, time.Minute), mutex.ErrNotHeld))
+	next, err := locks.TryLock(ctx, "invoice:7", time.Minute)
+	if err != nil {
+		panic(err)
+	}
+	defer next.Unlock(ctx)
+	fmt.Println("next fence is higher:", next.Fence() > stuck.Fence())
+	// Output:
+	// held by invoice:send task-17 lease left 1m0s
+	// released the lock of task-17
+	// old holder extends: true
+	// next fence is higher: true
+}
+
+// Observe hears every lifecycle event of a Client's locks, for metrics or tracing.
+func ExampleObserve() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb, mutex.Observe(func(_ context.Context, e mutex.Event) {
+		fmt.Println(e.Op, e.Key, e.Name)
+	}))
+	ctx := context.Background()
+
+	_ = locks.WithLock(ctx, "report:daily", 30*time.Second, func(context.Context) error {
+		_, err := locks.TryLock(ctx, "report:daily", 30*time.Second, mutex.HeldBy("second", ""))
+		return err
+	}, mutex.HeldBy("first", ""))
+	// Output:
+	// acquired report:daily first
+	// contended report:daily second
+	// not_obtained report:daily second
+	// released report:daily first
+}

@@ -55,8 +55,8 @@ type Info struct {
 	// RedisKey is the Redis key of the lock; its queue of waiters is RedisKey + ":wait".
 	RedisKey string
 	// Held reports whether anyone holds the lock. The fields below it describe the
-	// holder; when the lock is not held they describe the last holder, if Redis still
-	// knows it (Fence is then non-zero).
+	// holder. When the lock is not held, Fence and Since are those of the last holder
+	// for 10 s after its release (0 and the zero time after that), and Holder is empty.
 	Held bool
 	// Foreign reports a value this package did not write (set by hand): the key counts
 	// as held, but nothing else of it can be read.
@@ -302,7 +302,8 @@ func escapeGlob(s string) string {
 // its own, so a resource that checks fences rejects its late writes.
 //
 // It returns the lock as it was before (Held false when nobody held it: then nothing
-// changed) and the fence of the waiter it was handed to, or 0. A wrapped Redis error
+// changed; TTL and the waiters are not read) and the fence of the waiter it was handed
+// to, or 0. A value not of this package's form (set by hand) is deleted. A wrapped Redis error
 // means nothing is known; it is safe to repeat. Safe for concurrent use.
 func (c *Client) ForceRelease(ctx context.Context, key string) (before Info, handedTo int64, err error) {
 	if key == "" {

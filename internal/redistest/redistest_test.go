@@ -464,3 +464,43 @@ func TestBlackholeOffClosesSwallowedConns(t *testing.T) {
 		t.Errorf("PING on an idle connection after the blackhole = %q, %v, want +PONG", line, err)
 	}
 }
+
+// TestLaunchHighPortIsRetryable checks that a cluster node given a port too high
+// for its bus port (port+10000) fails with errBind, so start picks another port.
+func TestLaunchHighPortIsRetryable(t *testing.T) {
+	t.Parallel()
+	bin, err := lookupServer()
+	if err != nil {
+		t.Skip(err)
+	}
+	// FreePort rarely returns such a port on Linux (bind picks from the lower
+	// half of the ephemeral range), so look for a free one up there.
+	port := 0
+	for p := 65535 - 9000; p < 65535 && port == 0; p += 97 {
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			ln.Close()
+			port = p
+		}
+	}
+	if port == 0 {
+		t.Skip("no free port above 55535")
+	}
+	dir := t.TempDir()
+	cluster := []string{"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf")}
+	s := &Server{bin: bin, dir: dir, port: port, args: cluster}
+	if p, err := s.launch(time.Now().Add(readyTimeout)); !errors.Is(err, errBind) {
+		if err == nil {
+			_ = p.stop()
+		}
+		t.Errorf("launch of a cluster node on port %d = %v, want errBind", port, err)
+	}
+	// Control: the same port without cluster mode starts.
+	s.args = nil
+	p, err := s.launch(time.Now().Add(readyTimeout))
+	if err != nil {
+		t.Fatalf("control: launch on port %d without cluster mode: %v", port, err)
+	}
+	if err := p.stop(); err != nil {
+		t.Error(err)
+	}
+}

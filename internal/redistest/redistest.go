@@ -5,6 +5,7 @@
 // installed, unless CI=true, where a missing server fails the test so a broken
 // CI image cannot turn the whole integration suite into silent skips. Code
 // outside tests (benchmarks under bench/) calls StartProcess and Close.
+// StartCluster starts several servers in cluster mode and joins them.
 //
 // Every server listens on 127.0.0.1 only, on its own free port, with no
 // persistence (no RDB snapshots, no AOF) and its own temporary --dir, so tests

@@ -465,6 +465,39 @@ func TestBlackholeOffClosesSwallowedConns(t *testing.T) {
 	}
 }
 
+func TestStartCluster(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 3} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			t.Parallel()
+			addrs := StartCluster(t, n)
+			if len(addrs) != n {
+				t.Fatalf("StartCluster(%d) returned %d addresses, want %d", n, len(addrs), n)
+			}
+			ctx := ctxT(t)
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+			t.Cleanup(func() { _ = cc.Close() })
+			var mu sync.Mutex
+			masters := map[string]bool{}
+			err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+				mu.Lock()
+				defer mu.Unlock()
+				masters[c.Options().Addr] = true
+				return nil
+			})
+			if err != nil || len(masters) != n {
+				t.Fatalf("ForEachMaster saw %d masters (%v), want %d", len(masters), err, n)
+			}
+			// Every slot is served: keys spread over all slots can be written.
+			for i := range 50 {
+				if err := cc.Set(ctx, "k"+strconv.Itoa(i), "v", 0).Err(); err != nil {
+					t.Fatalf("SET k%d on the cluster: %v", i, err)
+				}
+			}
+		})
+	}
+}
+
 // TestLaunchHighPortIsRetryable checks that a cluster node given a port too high
 // for its bus port (port+10000) fails with errBind, so start picks another port.
 func TestLaunchHighPortIsRetryable(t *testing.T) {

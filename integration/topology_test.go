@@ -58,7 +58,7 @@ func TestConnectionTypes(t *testing.T) {
 
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		addrs := startCluster(t)
+		addrs := redistest.StartCluster(t, 3)
 		opt := asynq.RedisClusterClientOpt{Addrs: addrs}
 		checkSerializedOn(t, opt)
 
@@ -256,47 +256,4 @@ func startSentinel(t testing.TB, masterPort int) string {
 	}
 	t.Fatalf("starting Sentinel: %v", lastErr)
 	return ""
-}
-
-// startCluster starts three redis-server masters with cluster mode on, gives each a
-// third of the 16384 slots, joins them, and returns their addresses once every node
-// reports cluster_state:ok.
-func startCluster(t testing.TB) []string {
-	t.Helper()
-	ctx := context.Background()
-	ranges := [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
-	var (
-		nodes   []*redistest.Server
-		clients []*redis.Client
-		addrs   []string
-	)
-	for i := range ranges {
-		s := redistest.Start(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"),
-			"--cluster-node-timeout", "5000")
-		nodes = append(nodes, s)
-		clients = append(clients, s.Client(t))
-		addrs = append(addrs, s.Addr())
-		if err := clients[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", ranges[i][0], ranges[i][1]).Err(); err != nil {
-			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", ranges[i][0], ranges[i][1], s.Addr(), err)
-		}
-	}
-	for _, s := range nodes[1:] {
-		if err := clients[0].ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(s.Port())).Err(); err != nil {
-			t.Fatalf("CLUSTER MEET %s: %v", s.Addr(), err)
-		}
-	}
-	waitFor(t, 20*time.Second, "cluster_state:ok on every node", func() (bool, string) {
-		for i, c := range clients {
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil {
-				return false, fmt.Sprintf("%s: CLUSTER INFO: %v", addrs[i], err)
-			}
-			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") {
-				return false, fmt.Sprintf("%s: %s", addrs[i], strings.ReplaceAll(info, "\r\n", " "))
-			}
-		}
-		return true, ""
-	})
-	return addrs
 }

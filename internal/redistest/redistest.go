@@ -5,6 +5,7 @@
 // installed, unless CI=true, where a missing server fails the test so a broken
 // CI image cannot turn the whole integration suite into silent skips. Code
 // outside tests (benchmarks under bench/) calls StartProcess and Close.
+// StartCluster starts several servers in cluster mode and joins them.
 //
 // Every server listens on 127.0.0.1 only, on its own free port, with no
 // persistence (no RDB snapshots, no AOF) and its own temporary --dir, so tests
@@ -180,7 +181,8 @@ func start(bin, dir string, removeOK bool, args []string) (*Server, error) {
 		}
 		lastErr = err
 		// Another process may have taken the port between FreePort closing
-		// its listener and redis binding; only that is worth another port.
+		// its listener and redis binding, or a cluster node's bus port; only
+		// that is worth another port.
 		if !errors.Is(err, errBind) {
 			return nil, err
 		}
@@ -213,7 +215,8 @@ func passwordFrom(args []string) string {
 	return pw
 }
 
-// errBind marks a start that failed because the port was taken.
+// errBind marks a start that failed because of the port it was given: taken, or
+// (for a cluster node) too high to leave room for the cluster bus port.
 var errBind = errors.New("port in use")
 
 // launch runs redis-server on s.port and waits until it answers or deadline
@@ -253,7 +256,9 @@ func (s *Server) launch(deadline time.Time) (*process, error) {
 		select {
 		case <-p.done:
 			err := fmt.Errorf("redistest: redis-server on %s exited before answering (%v); log tail:\n%s", addr, p.err, out.Tail(tailLines))
-			if out.Contains("Address already in use") {
+			// A cluster node also binds port+10000 for its bus, which may be taken or,
+			// for a port above 55535, beyond the last port: another port will do.
+			if out.Contains("Address already in use") || out.Contains("port number too high") {
 				err = fmt.Errorf("%w: %w", errBind, err)
 			}
 			return nil, err

@@ -464,3 +464,76 @@ func TestBlackholeOffClosesSwallowedConns(t *testing.T) {
 		t.Errorf("PING on an idle connection after the blackhole = %q, %v, want +PONG", line, err)
 	}
 }
+
+func TestStartCluster(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 3} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			t.Parallel()
+			addrs := StartCluster(t, n)
+			if len(addrs) != n {
+				t.Fatalf("StartCluster(%d) returned %d addresses, want %d", n, len(addrs), n)
+			}
+			ctx := ctxT(t)
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+			t.Cleanup(func() { _ = cc.Close() })
+			var mu sync.Mutex
+			masters := map[string]bool{}
+			err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+				mu.Lock()
+				defer mu.Unlock()
+				masters[c.Options().Addr] = true
+				return nil
+			})
+			if err != nil || len(masters) != n {
+				t.Fatalf("ForEachMaster saw %d masters (%v), want %d", len(masters), err, n)
+			}
+			// Every slot is served: keys spread over all slots can be written.
+			for i := range 50 {
+				if err := cc.Set(ctx, "k"+strconv.Itoa(i), "v", 0).Err(); err != nil {
+					t.Fatalf("SET k%d on the cluster: %v", i, err)
+				}
+			}
+		})
+	}
+}
+
+// TestLaunchHighPortIsRetryable checks that a cluster node given a port too high
+// for its bus port (port+10000) fails with errBind, so start picks another port.
+func TestLaunchHighPortIsRetryable(t *testing.T) {
+	t.Parallel()
+	bin, err := lookupServer()
+	if err != nil {
+		t.Skip(err)
+	}
+	// FreePort rarely returns such a port on Linux (bind picks from the lower
+	// half of the ephemeral range), so look for a free one up there.
+	port := 0
+	for p := 65535 - 9000; p < 65535 && port == 0; p += 97 {
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			ln.Close()
+			port = p
+		}
+	}
+	if port == 0 {
+		t.Skip("no free port above 55535")
+	}
+	dir := t.TempDir()
+	cluster := []string{"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf")}
+	s := &Server{bin: bin, dir: dir, port: port, args: cluster}
+	if p, err := s.launch(time.Now().Add(readyTimeout)); !errors.Is(err, errBind) {
+		if err == nil {
+			_ = p.stop()
+		}
+		t.Errorf("launch of a cluster node on port %d = %v, want errBind", port, err)
+	}
+	// Control: the same port without cluster mode starts.
+	s.args = nil
+	p, err := s.launch(time.Now().Add(readyTimeout))
+	if err != nil {
+		t.Fatalf("control: launch on port %d without cluster mode: %v", port, err)
+	}
+	if err := p.stop(); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io"
+	"strings"
+
+	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// invocation is a parsed command line.
+type invocation struct {
+	cmd  string   // list, show or release; "" when none was given
+	args []string // the arguments after the command
+
+	uri, password, clusterAddrs, tlsServer, prefix, task string
+	db                                                   int
+	cluster, tls, insecure, json, force, help            bool
+
+	set map[string]bool // flags given on the command line, by long name
+}
+
+// defaultClusterAddrs is asynq's own CLI default, so the two agree.
+const defaultClusterAddrs = "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005"
+
+// shortNames maps the one-letter flags asynq's CLI also has to their long names.
+var shortNames = map[string]string{"u": "uri", "n": "db", "p": "password", "h": "help"}
+
+func (inv *invocation) flagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet("asynqmutex", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // run reports errors itself, usage included
+	for _, name := range []string{"uri", "u"} {
+		fs.StringVar(&inv.uri, name, "127.0.0.1:6379", "")
+	}
+	for _, name := range []string{"db", "n"} {
+		fs.IntVar(&inv.db, name, 0, "")
+	}
+	for _, name := range []string{"password", "p"} {
+		fs.StringVar(&inv.password, name, "", "")
+	}
+	for _, name := range []string{"help", "h"} {
+		fs.BoolVar(&inv.help, name, false, "")
+	}
+	fs.BoolVar(&inv.cluster, "cluster", false, "")
+	fs.StringVar(&inv.clusterAddrs, "cluster_addrs", defaultClusterAddrs, "")
+	fs.BoolVar(&inv.tls, "tls", false, "")
+	fs.StringVar(&inv.tlsServer, "tls_server", "", "")
+	fs.BoolVar(&inv.insecure, "insecure", false, "")
+	fs.StringVar(&inv.prefix, "prefix", mutex.DefaultPrefix, "")
+	fs.BoolVar(&inv.json, "json", false, "")
+	fs.BoolVar(&inv.force, "force", false, "")
+	fs.StringVar(&inv.task, "task", "", "")
+	return fs
+}
+
+// parseArgs reads a command line whose flags may come before or after the command
+// and its arguments. "--" ends the flags; an argument that looks like a negative
+// number ("-5") is an argument, not a flag, so --task values may be negative.
+func parseArgs(args []string) (*invocation, error) {
+	inv := &invocation{set: map[string]bool{}}
+	fs := inv.flagSet()
+	var flags, rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = append(rest, args[i+1:]...)
+			break
+		}
+		if !isFlag(a) {
+			rest = append(rest, a)
+			continue
+		}
+		flags = append(flags, a)
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := fs.Lookup(name)
+		if f == nil || hasValue || isBoolFlag(f) {
+			continue // an unknown flag is reported by Parse below
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, usagef("%v", err)
+	}
+	fs.Visit(func(f *flag.Flag) {
+		name := f.Name
+		if long, ok := shortNames[name]; ok {
+			name = long
+		}
+		inv.set[name] = true
+	})
+	if inv.help {
+		return inv, nil
+	}
+	if len(rest) > 0 {
+		inv.cmd, inv.args = rest[0], rest[1:]
+	}
+	return inv, inv.validate()
+}
+
+func isFlag(a string) bool {
+	return len(a) > 1 && a[0] == '-' && !strings.ContainsRune("0123456789.", rune(a[1]))
+}
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// validate rejects flags and arguments that do not fit together.
+func (inv *invocation) validate() error {
+	switch inv.cmd {
+	case "", "list", "show", "release":
+	case "help":
+		inv.help = true
+		return nil
+	default:
+		return usagef("unknown command %s; the commands are list, show and release", shortkey.Quote(inv.cmd))
+	}
+	if inv.cmd == "list" {
+		if len(inv.args) > 0 {
+			return usagef("list takes no arguments, got %s", shortkey.Quote(inv.args[0]))
+		}
+		if inv.set["task"] {
+			return usagef("--task goes with show and release, not list")
+		}
+	}
+	if inv.force && inv.cmd != "release" {
+		return usagef("--force goes with release only")
+	}
+	if strings.ContainsAny(inv.prefix, "{}") {
+		return usagef("--prefix %s must not contain '{' or '}'", shortkey.Quote(inv.prefix))
+	}
+	if inv.cluster {
+		if inv.set["uri"] {
+			return usagef("--uri does not go with --cluster: give the cluster's nodes with --cluster_addrs")
+		}
+		if inv.db != 0 {
+			return usagef("--db does not go with --cluster: a Redis Cluster has only database 0")
+		}
+	} else if inv.set["cluster_addrs"] {
+		return usagef("--cluster_addrs needs --cluster")
+	}
+	return nil
+}
+
+// lockKey returns the key show and release act on: the argument, or with --task the
+// key On derives. It returns "" for list.
+func (inv *invocation) lockKey() (string, error) {
+	if inv.cmd == "list" {
+		return "", nil
+	}
+	if inv.set["task"] {
+		if inv.task == "" {
+			return "", usagef("--task needs a task type")
+		}
+		key, err := taskKey(inv.task, inv.args)
+		if err != nil {
+			return "", usagef("%v", err)
+		}
+		return key, nil
+	}
+	switch len(inv.args) {
+	case 0:
+		return "", usagef("%s needs a KEY, or --task TYPE [VALUE...]", inv.cmd)
+	case 1:
+		if inv.args[0] == "" {
+			return "", usagef("%s: the KEY is empty", inv.cmd)
+		}
+		return inv.args[0], nil
+	default:
+		return "", usagef("%s takes one KEY, got %d arguments: quote a key with spaces, or use --task TYPE VALUE...", inv.cmd, len(inv.args))
+	}
+}
+
+// taskKey is asynqmutex.Key with every value that is not JSON text taken as a string.
+func taskKey(taskType string, values []string) (string, error) {
+	vals := make([]string, len(values))
+	for i, v := range values {
+		vals[i] = v
+		if !json.Valid([]byte(v)) {
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false)
+			_ = enc.Encode(v) // a string always encodes
+			vals[i] = strings.TrimSuffix(b.String(), "\n")
+		}
+	}
+	return asynqmutex.Key(taskType, vals...)
+}

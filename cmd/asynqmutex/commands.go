@@ -1,0 +1,324 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// printer writes a command's result as text for people or, with json, as one JSON
+// document for scripts.
+type printer struct {
+	w      io.Writer
+	json   bool
+	prefix string
+	now    func() time.Time // the Redis server's clock
+}
+
+func (p *printer) encode(v any) error {
+	enc := json.NewEncoder(p.w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// list prints every held lock, sorted by key.
+func list(ctx context.Context, locks *mutex.Client, p *printer) error {
+	var (
+		mu      sync.Mutex
+		held    []mutex.Info
+		listErr error
+	)
+	// On a Redis Cluster, List calls yield from one goroutine per master at once, so
+	// it is called with a yield safe for that rather than ranged over: a range loop's
+	// body must not run concurrently with itself.
+	locks.List(ctx)(func(in mutex.Info, err error) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil || listErr != nil {
+			listErr = cmp.Or(listErr, err)
+			return false
+		}
+		held = append(held, in)
+		return true
+	})
+	if listErr != nil {
+		return listErr
+	}
+	slices.SortFunc(held, func(a, b mutex.Info) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.RedisKey, b.RedisKey))
+	})
+	if p.json {
+		doc := listJSON{Prefix: p.prefix, Locks: make([]lockJSON, 0, len(held))}
+		for _, in := range held {
+			doc.Locks = append(doc.Locks, p.lockJSON(in, false))
+		}
+		return p.encode(doc)
+	}
+	if len(held) == 0 {
+		_, err := fmt.Fprintf(p.w, "no locks held under prefix %s\n", strconv.Quote(p.prefix))
+		return err
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tHOLDER\tHELD FOR\tLEASE LEFT\tFENCE\tWAITERS")
+	for _, in := range held {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderText(in), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
+	}
+	return tw.Flush()
+}
+
+// show prints one lock in full. A key nobody holds is no error.
+func show(ctx context.Context, locks *mutex.Client, key string, p *printer) error {
+	in, err := locks.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	if p.json {
+		return p.encode(p.lockJSON(in, true))
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "Key:\t%s\n", keyText(in))
+	fmt.Fprintf(tw, "Redis key:\t%s\n", printable(in.RedisKey))
+	switch {
+	case in.Foreign:
+		fmt.Fprintf(tw, "State:\theld, by a value not written by asynqmutex (set by hand?)\n")
+		fmt.Fprintf(tw, "Lease left:\t%s\n", leaseText(in))
+	case in.Held:
+		fmt.Fprintf(tw, "State:\theld\n")
+		fmt.Fprintf(tw, "Holder:\t%s\n", holderText(in))
+		fmt.Fprintf(tw, "Since:\t%s (held for %s)\n", in.Since.UTC().Format(time.RFC3339Nano), p.heldFor(in))
+		fmt.Fprintf(tw, "Lease left:\t%s\n", leaseText(in))
+		fmt.Fprintf(tw, "Fence:\t%d\n", in.Fence)
+	default:
+		fmt.Fprintf(tw, "State:\tnot held: nobody holds this key under prefix %s\n", strconv.Quote(p.prefix))
+		if in.Holder != (mutex.Holder{}) {
+			fmt.Fprintf(tw, "Last holder:\t%s\n", holderText(in))
+		}
+		if in.Fence != 0 {
+			fmt.Fprintf(tw, "Last fence:\t%d (released recently; the next holder's will be higher)\n", in.Fence)
+		}
+	}
+	fmt.Fprintf(tw, "Waiting:\t%d\n", in.Waiting)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for i, w := range in.Waiters {
+		fmt.Fprintf(p.w, "  %d. %s\n", i+1, printable(w.String()))
+	}
+	if more := in.Waiting - len(in.Waiters); more > 0 {
+		fmt.Fprintf(p.w, "  … and %d more\n", more)
+	}
+	return nil
+}
+
+// release frees the lock on key by force and says what happened to it. Finding
+// nobody holding it is a failure: nothing was done, and a mistyped key is the
+// likeliest cause.
+func release(ctx context.Context, locks *mutex.Client, key string, p *printer, stderr io.Writer) error {
+	before, handedTo, err := locks.ForceRelease(ctx, key)
+	if err != nil {
+		return err
+	}
+	if p.json {
+		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.lockJSON(before, false)}
+		doc.Before.Waiting = nil // ForceRelease does not read the queue
+		if before.Held {
+			doc.Free = handedTo == 0
+			if handedTo != 0 {
+				doc.HandedToFence = &handedTo
+			}
+		}
+		if err := p.encode(doc); err != nil {
+			return err
+		}
+	}
+	if !before.Held {
+		fmt.Fprintf(stderr, "asynqmutex: nothing to release: nobody holds %s under prefix %s\n", quoteKey(key), strconv.Quote(p.prefix))
+		return errReported
+	}
+	if p.json {
+		return nil
+	}
+	fmt.Fprintf(p.w, "Released %s.\n", keyText(before))
+	if before.Foreign {
+		fmt.Fprintf(p.w, "Its value was not written by asynqmutex (set by hand?) and has been deleted; the key is now free.\n")
+		return nil
+	}
+	fmt.Fprintf(p.w, "Previous holder: %s, fence %d, held for %s.\n", holderText(before), before.Fence, p.heldFor(before))
+	if handedTo != 0 {
+		fmt.Fprintf(p.w, "Handed to the next waiter with fence %d.\n", handedTo)
+	} else {
+		fmt.Fprintf(p.w, "Now free; the next holder's fence will be higher than %d.\n", before.Fence)
+	}
+	fmt.Fprintf(p.w, "The previous holder can no longer extend or release it: its Extend and Unlock return\n"+
+		"ErrNotHeld, and under WithLock or the middleware its work is cancelled at its next renewal.\n"+
+		"Until then it may still write: a resource that checks fences rejects fence %d.\n", before.Fence)
+	return nil
+}
+
+type listJSON struct {
+	Prefix string     `json:"prefix"`
+	Locks  []lockJSON `json:"locks"`
+}
+
+// lockJSON is mutex.Info for scripts. When held is false, since and fence (and
+// holder, if known) describe the last holder while Redis still remembers it.
+type lockJSON struct {
+	Key         string       `json:"key"`
+	Digested    bool         `json:"digested"` // key is only the first 64 bytes of a longer key
+	RedisKey    string       `json:"redis_key"`
+	Held        bool         `json:"held"`
+	Foreign     bool         `json:"foreign"` // held by a value asynqmutex did not write
+	Holder      *holderJSON  `json:"holder"`
+	Since       *string      `json:"since"`
+	HeldForMS   *int64       `json:"held_for_ms"`
+	LeaseLeftMS *int64       `json:"lease_left_ms"` // -1: no expiry
+	Fence       int64        `json:"fence"`
+	Waiting     *int         `json:"waiting"`           // null in release's before: not known
+	Waiters     []holderJSON `json:"waiters,omitempty"` // show only
+}
+
+type holderJSON struct {
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	Host string `json:"host"`
+	PID  int    `json:"pid"`
+}
+
+type releaseJSON struct {
+	Key      string `json:"key"`
+	RedisKey string `json:"redis_key"`
+	// Released is false when nobody held the lock: then nothing changed.
+	Released bool `json:"released"`
+	// Before is the lock as it was; its lease_left_ms and waiting are not known.
+	Before lockJSON `json:"before"`
+	// HandedToFence is the fence of the waiter the lock went to, Free whether it
+	// went to none.
+	HandedToFence *int64 `json:"handed_to_fence"`
+	Free          bool   `json:"free"`
+}
+
+func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
+	j := lockJSON{
+		Key: in.Key, Digested: in.Digested, RedisKey: in.RedisKey, Held: in.Held, Foreign: in.Foreign,
+		Fence: in.Fence, Waiting: &in.Waiting,
+	}
+	if in.Holder != (mutex.Holder{}) {
+		h := holderJSON(in.Holder)
+		j.Holder = &h
+	}
+	known := !in.Foreign && in.Fence != 0
+	if known {
+		since := in.Since.UTC().Format(time.RFC3339Nano)
+		j.Since = &since
+	}
+	if in.Held && known {
+		ms := max(p.now().Sub(in.Since), 0).Milliseconds()
+		j.HeldForMS = &ms
+	}
+	if in.Held && in.TTL != 0 {
+		ms := in.TTL.Milliseconds()
+		if in.TTL < 0 {
+			ms = -1
+		}
+		j.LeaseLeftMS = &ms
+	}
+	if waiters {
+		j.Waiters = make([]holderJSON, 0, len(in.Waiters))
+		for _, w := range in.Waiters {
+			j.Waiters = append(j.Waiters, holderJSON(w))
+		}
+	}
+	return j
+}
+
+// tableKey is the key as list shows it: shortened, and marked when digested.
+func (p *printer) tableKey(in mutex.Info) string {
+	k := shortkey.Show(in.Key)
+	if in.Digested {
+		k += "…"
+	}
+	return k
+}
+
+// keyText is the key whole, marked when only its start is known.
+func keyText(in mutex.Info) string {
+	k := printable(in.Key)
+	if in.Digested {
+		k += "… (a longer key: Redis keeps its first 64 bytes and a digest)"
+	}
+	return k
+}
+
+func quoteKey(key string) string { return shortkey.Show(key) }
+
+func holderText(in mutex.Info) string {
+	if in.Foreign {
+		return "unknown (value not written by asynqmutex)"
+	}
+	return printable(in.Holder.String())
+}
+
+func (p *printer) heldFor(in mutex.Info) string {
+	if in.Foreign || in.Since.IsZero() {
+		return "-"
+	}
+	return human(max(p.now().Sub(in.Since), 0))
+}
+
+func leaseText(in mutex.Info) string {
+	switch {
+	case in.TTL < 0:
+		return "no expiry"
+	case in.TTL == 0:
+		return "-"
+	}
+	return human(in.TTL)
+}
+
+func fenceText(in mutex.Info) string {
+	if in.Foreign {
+		return "-"
+	}
+	return strconv.FormatInt(in.Fence, 10)
+}
+
+// human rounds d to what a person reads at a glance: milliseconds below a second,
+// tenths of a second below a minute, seconds below an hour, minutes below a day.
+func human(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 24*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	d = d.Round(time.Hour)
+	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+}
+
+// printable returns s as it is when every character prints, and quoted otherwise, so
+// that a key or host name cannot move the cursor or break a table's columns.
+func printable(s string) string {
+	for _, r := range s {
+		if r == unicode.ReplacementChar || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}

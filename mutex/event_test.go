@@ -113,7 +113,7 @@ func TestEventsOfALock(t *testing.T) {
 		}
 
 		// A lock taken away: Extend and Unlock report the lost lease.
-		_, _, err = c.ForceRelease(ctx, key)
+		_, err = c.ForceRelease(ctx, key)
 		require.NoError(t, err)
 		assert.ErrorIs(t, w.Extend(ctx, time.Minute), ErrNotHeld)
 		assert.ErrorIs(t, w.Unlock(ctx), ErrNotHeld)

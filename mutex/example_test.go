@@ -192,11 +192,11 @@ func ExampleClient_ForceRelease() {
 	}
 	fmt.Println("held by", in.Holder.Name, in.Holder.ID, "lease left", in.TTL.Round(time.Minute))
 
-	before, _, err := locks.ForceRelease(ctx, "invoice:7")
+	r, err := locks.ForceRelease(ctx, "invoice:7")
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("released the lock of", before.Holder.ID)
+	fmt.Println("released the lock of", r.Before.Holder.ID)
 	fmt.Println("old holder extends:", errors.Is(stuck.Extend(ctx, time.Minute), mutex.ErrNotHeld))
 	next, err := locks.TryLock(ctx, "invoice:7", time.Minute)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -62,8 +63,10 @@ type Info struct {
 	// as held, but nothing else of it can be read.
 	Foreign bool
 	Holder  Holder
-	// Since is when the holder got the lock, on the Redis server's clock.
-	Since time.Time
+	// Since is when the holder got the lock, on the Redis server's clock, and HeldFor
+	// how long ago that was when the lock was read, by the same clock.
+	Since   time.Time
+	HeldFor time.Duration
 	// TTL is the lease left: how long until the lock frees itself unless renewed.
 	// -1 means the key has no expiry (set by hand).
 	TTL   time.Duration
@@ -163,12 +166,12 @@ func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("mutex: inspect %s: %w", shortkey.Quote(key), err)
 	}
-	return c.info(rkey, res, true)
+	return c.info(rkey, res)
 }
 
 // info reads inspect.lua's reply about the lock at Redis key rkey.
-func (c *Client) info(rkey string, res []any, waiters bool) (Info, error) {
-	if len(res) != 4 {
+func (c *Client) info(rkey string, res []any) (Info, error) {
+	if len(res) < 5 {
 		return Info{}, fmt.Errorf("mutex: inspect: unexpected reply %v", res)
 	}
 	in := Info{RedisKey: rkey}
@@ -177,13 +180,12 @@ func (c *Client) info(rkey string, res []any, waiters bool) (Info, error) {
 	pttl, _ := res[1].(int64)
 	waiting, _ := res[2].(int64)
 	in.Waiting = int(waiting)
-	if waiters {
-		entries, _ := res[3].([]any)
-		for _, e := range entries {
-			s, _ := e.(string)
-			in.Waiters = append(in.Waiters, parseEntry(s))
-		}
+	entries, _ := res[3].([]any)
+	for _, e := range entries {
+		s, _ := e.(string)
+		in.Waiters = append(in.Waiters, parseEntry(s))
 	}
+	now := serverTime(res[4])
 	if v == "" {
 		return in, nil
 	}
@@ -198,10 +200,27 @@ func (c *Client) info(rkey string, res []any, waiters bool) (Info, error) {
 	}
 	in.Held = lv.state != 'r'
 	in.Fence, in.Holder, in.Since = lv.fence, lv.holder, time.UnixMicro(lv.since)
+	if !now.IsZero() {
+		in.HeldFor = max(now.Sub(in.Since), 0)
+	}
 	if !in.Held {
 		in.TTL = 0 // the tombstone's own expiry is no lease
 	}
 	return in, nil
+}
+
+// serverTime reads the reply of Redis's TIME, or returns the zero time.
+func serverTime(reply any) time.Time {
+	t, _ := reply.([]any)
+	if len(t) != 2 {
+		return time.Time{}
+	}
+	sec, err1 := strconv.ParseInt(fmt.Sprint(t[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(t[1]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return time.Time{}
+	}
+	return time.Unix(sec, usec*1000)
 }
 
 // keyOf decodes the caller's key from a Redis key of this Client (see encodeKey).
@@ -218,7 +237,8 @@ func (c *Client) keyOf(rkey string) (key string, digested bool) {
 
 // List yields every lock key of the Client's prefix that is held, in no particular
 // order, reading them SCAN batch by batch with one pipelined script call per batch
-// (on Redis Cluster, every master is scanned). Waiters holds no entries; Waiting
+// (with a Cluster client, every master is scanned in turn; a single-node client
+// pointed at one Cluster node sees that node's keys only). Waiters holds no entries; Waiting
 // counts them. A lock taken or released while List runs may or may not be yielded.
 // Iteration stops at the first error, which is yielded with a zero Info. Safe for
 // concurrent use.
@@ -227,11 +247,25 @@ func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 		scan := func(ctx context.Context, rdb redis.UniversalClient) error {
 			return c.scan(ctx, rdb, yield)
 		}
+		nodes := []redis.UniversalClient{c.rdb}
 		var err error
 		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-			err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
-		} else {
-			err = scan(ctx, c.rdb)
+			// ForEachMaster runs its function on every master at once; yield must not
+			// be called concurrently, so collect the masters and scan them in turn.
+			var mu sync.Mutex
+			nodes = nodes[:0]
+			err = cc.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+				mu.Lock()
+				nodes = append(nodes, node)
+				mu.Unlock()
+				return nil
+			})
+		}
+		for _, node := range nodes {
+			if err != nil {
+				break
+			}
+			err = scan(ctx, node)
 		}
 		if err != nil && !errors.Is(err, errStopList) {
 			yield(Info{}, fmt.Errorf("mutex: list: %w", err))
@@ -267,7 +301,7 @@ func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, yield func
 				if err != nil {
 					return err
 				}
-				in, err := c.info(keys[i], res, false)
+				in, err := c.info(keys[i], res)
 				if err != nil {
 					return err
 				}
@@ -294,31 +328,48 @@ func escapeGlob(s string) string {
 	return b.String()
 }
 
+// Released is what ForceRelease did.
+type Released struct {
+	// Before is the lock as it was, its waiters counted but not listed. Before.Held
+	// is false when nobody held it: then nothing changed.
+	Before Info
+	// Fence is the fence of the waiter the lock was handed to, HandedTo what that
+	// waiter recorded about itself; 0 and empty when the lock became free.
+	Fence    int64
+	HandedTo Holder
+}
+
 // ForceRelease frees the lock on key whoever holds it, for an operator unsticking a
 // key whose holder hangs while renewing. It hands the lock to the longest-queued
 // waiter, as a release does, or leaves it free. Afterwards the old holder's token
 // holds nothing: its Extend and Unlock return ErrNotHeld, WithLock cancels its fn at
 // its next renewal (within ttl/3), and every later holder's fence is higher than
-// its own, so a resource that checks fences rejects its late writes.
+// its own, so a resource that checks fences rejects its late writes. A value not of
+// this package's form (set by hand) is deleted.
 //
-// It returns the lock as it was before (Held false when nobody held it: then nothing
-// changed; TTL and the waiters are not read) and the fence of the waiter it was handed
-// to, or 0. A value not of this package's form (set by hand) is deleted. A wrapped Redis error
-// means nothing is known; it is safe to repeat. Safe for concurrent use.
-func (c *Client) ForceRelease(ctx context.Context, key string) (before Info, handedTo int64, err error) {
+// A wrapped Redis error means nothing is known; it is safe to repeat. Safe for
+// concurrent use.
+func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error) {
 	if key == "" {
-		return Info{}, 0, errors.New("mutex: empty key")
+		return Released{}, errors.New("mutex: empty key")
 	}
 	rkey := c.redisKey(key)
 	res, err := forceScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
 		identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
-	if err == nil && len(res) != 2 {
+	if err == nil && len(res) != 6 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		return Info{}, 0, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)
+		return Released{}, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)
 	}
-	before, err = c.info(rkey, []any{res[0], int64(0), int64(0), nil}, false)
-	handedTo, _ = res[1].(int64)
-	return before, handedTo, err
+	var r Released
+	if r.Before, err = c.info(rkey, res); err != nil {
+		return Released{}, err
+	}
+	if after, ok := res[5].(string); ok {
+		if lv, ok := parseValue(after); ok {
+			r.Fence, r.HandedTo = lv.fence, lv.holder
+		}
+	}
+	return r, nil
 }

@@ -5,10 +5,10 @@
 -- ARGV[1] -> how many waiters to return, oldest first
 --
 -- Returns {value or false, pttl of the lock, length of the queue, the first ARGV[1]
--- entries of the queue}.
+-- entries of the queue, server time {seconds, microseconds}}.
 local n = tonumber(ARGV[1])
 local w = {}
 if n > 0 then
   w = redis.call('LRANGE', KEYS[2], 0, n - 1)
 end
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[2]), w}
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[2]), w, redis.call('TIME')}

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -24,7 +23,6 @@ type printer struct {
 	w      io.Writer
 	json   bool
 	prefix string
-	now    func() time.Time // the Redis server's clock
 }
 
 func (p *printer) encode(v any) error {
@@ -36,26 +34,12 @@ func (p *printer) encode(v any) error {
 
 // list prints every held lock, sorted by key.
 func list(ctx context.Context, locks *mutex.Client, p *printer) error {
-	var (
-		mu      sync.Mutex
-		held    []mutex.Info
-		listErr error
-	)
-	// On a Redis Cluster, List calls yield from one goroutine per master at once, so
-	// it is called with a yield safe for that rather than ranged over: a range loop's
-	// body must not run concurrently with itself.
-	locks.List(ctx)(func(in mutex.Info, err error) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil || listErr != nil {
-			listErr = cmp.Or(listErr, err)
-			return false
+	var held []mutex.Info
+	for in, err := range locks.List(ctx) {
+		if err != nil {
+			return err
 		}
 		held = append(held, in)
-		return true
-	})
-	if listErr != nil {
-		return listErr
 	}
 	slices.SortFunc(held, func(a, b mutex.Info) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.RedisKey, b.RedisKey))
@@ -127,17 +111,19 @@ func show(ctx context.Context, locks *mutex.Client, key string, p *printer) erro
 // nobody holding it is a failure: nothing was done, and a mistyped key is the
 // likeliest cause.
 func release(ctx context.Context, locks *mutex.Client, key string, p *printer, stderr io.Writer) error {
-	before, handedTo, err := locks.ForceRelease(ctx, key)
+	r, err := locks.ForceRelease(ctx, key)
 	if err != nil {
 		return err
 	}
+	before, handedTo := r.Before, r.Fence
 	if p.json {
 		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.lockJSON(before, false)}
-		doc.Before.Waiting = nil // ForceRelease does not read the queue
 		if before.Held {
 			doc.Free = handedTo == 0
 			if handedTo != 0 {
 				doc.HandedToFence = &handedTo
+				h := holderJSON(r.HandedTo)
+				doc.HandedTo = &h
 			}
 		}
 		if err := p.encode(doc); err != nil {
@@ -158,7 +144,7 @@ func release(ctx context.Context, locks *mutex.Client, key string, p *printer, s
 	}
 	fmt.Fprintf(p.w, "Previous holder: %s, fence %d, held for %s.\n", holderText(before), before.Fence, p.heldFor(before))
 	if handedTo != 0 {
-		fmt.Fprintf(p.w, "Handed to the next waiter with fence %d.\n", handedTo)
+		fmt.Fprintf(p.w, "Handed to the next waiter, %s, with fence %d.\n", printable(r.HandedTo.String()), handedTo)
 	} else {
 		fmt.Fprintf(p.w, "Now free; the next holder's fence will be higher than %d.\n", before.Fence)
 	}
@@ -202,12 +188,13 @@ type releaseJSON struct {
 	RedisKey string `json:"redis_key"`
 	// Released is false when nobody held the lock: then nothing changed.
 	Released bool `json:"released"`
-	// Before is the lock as it was; its lease_left_ms and waiting are not known.
+	// Before is the lock as it was, its waiters counted but not listed.
 	Before lockJSON `json:"before"`
-	// HandedToFence is the fence of the waiter the lock went to, Free whether it
-	// went to none.
-	HandedToFence *int64 `json:"handed_to_fence"`
-	Free          bool   `json:"free"`
+	// HandedTo and HandedToFence are the waiter the lock went to and its fence, Free
+	// whether it went to none.
+	HandedTo      *holderJSON `json:"handed_to"`
+	HandedToFence *int64      `json:"handed_to_fence"`
+	Free          bool        `json:"free"`
 }
 
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
@@ -225,7 +212,7 @@ func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
 		j.Since = &since
 	}
 	if in.Held && known {
-		ms := max(p.now().Sub(in.Since), 0).Milliseconds()
+		ms := in.HeldFor.Milliseconds()
 		j.HeldForMS = &ms
 	}
 	if in.Held && in.TTL != 0 {
@@ -275,7 +262,7 @@ func (p *printer) heldFor(in mutex.Info) string {
 	if in.Foreign || in.Since.IsZero() {
 		return "-"
 	}
-	return human(max(p.now().Sub(in.Since), 0))
+	return human(in.HeldFor)
 }
 
 func leaseText(in mutex.Info) string {

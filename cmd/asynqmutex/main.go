@@ -159,7 +159,7 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	if err := conn.check(ctx); err != nil {
 		return err
 	}
-	out := &printer{w: stdout, json: inv.json, prefix: inv.prefix, now: conn.now}
+	out := &printer{w: stdout, json: inv.json, prefix: inv.prefix}
 	switch inv.cmd {
 	case "list":
 		return conn.explain(list(ctx, conn.locks, out))

@@ -373,8 +373,9 @@ func TestReleaseHandsOver(t *testing.T) {
 		t.Fatalf("release --json: %v\n%s", err, r.stdout)
 	}
 	if !doc.Released || doc.Free || doc.HandedToFence == nil || doc.Before.Fence != old.Fence() ||
-		doc.Before.Holder == nil || doc.Before.Holder.ID != "task-1" {
-		t.Fatalf("release --json = %s\nwant released, handed over, before held by task-1 with fence %d", r.stdout, old.Fence())
+		doc.Before.Holder == nil || doc.Before.Holder.ID != "task-1" ||
+		doc.HandedTo == nil || doc.HandedTo.ID != "task-2" || doc.Before.Waiting == nil || *doc.Before.Waiting != 1 {
+		t.Fatalf("release --json = %s\nwant released, handed to task-2, before held by task-1 with fence %d and 1 waiter", r.stdout, old.Fence())
 	}
 	select {
 	case <-w.done:
@@ -400,7 +401,7 @@ func TestReleaseHandsOver(t *testing.T) {
 	}
 	startWaiter(t, rdb, newLocks(t, rdb), key, "payment:capture", "task-3", 1)
 	r = mustRun(t, "--uri", s.Addr(), "release", "--force", key)
-	if !strings.Contains(r.stdout, "Handed to the next waiter with fence ") {
+	if !strings.Contains(r.stdout, "Handed to the next waiter, payment:capture task-3 on ") {
 		t.Errorf("release --force with a waiter printed:\n%s\nwant it to say it was handed over", r.stdout)
 	}
 }

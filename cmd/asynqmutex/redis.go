@@ -29,7 +29,6 @@ type conn struct {
 	tls     bool
 	where   string // the address(es), for messages; never a password
 	from    string // which flag or variable gave them
-	offset  time.Duration
 }
 
 // connect builds the Redis client the flags and environment describe. It does no I/O.
@@ -122,8 +121,7 @@ func (c *conn) close() {
 
 // check makes the first contact: it reports an unreachable server, a refused
 // password, and a topology the flags do not match (a cluster node reached without
-// --cluster would be listed only in part) as plain advice. It also reads the
-// server's clock, so that "held for" does not depend on this machine's.
+// --cluster would be listed only in part) as plain advice.
 func (c *conn) check(ctx context.Context) error {
 	if !c.cluster {
 		info, err := c.rdb.Info(ctx, "cluster").Result()
@@ -137,15 +135,8 @@ func (c *conn) check(ctx context.Context) error {
 	} else if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return c.explain(err)
 	}
-	sent := time.Now()
-	if t, err := c.rdb.Time(ctx).Result(); err == nil {
-		c.offset = t.Sub(sent.Add(time.Since(sent) / 2))
-	}
 	return nil
 }
-
-// now is the Redis server's clock, as well as check could read it.
-func (c *conn) now() time.Time { return time.Now().Add(c.offset) }
 
 // explain turns errors whose cause is the connection or the topology into advice.
 func (c *conn) explain(err error) error {

@@ -73,157 +73,16 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/asynqmutex/asynqmutex/internal/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := cli.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
-
-// Exit statuses.
-const (
-	exitOK      = 0
-	exitFailure = 1 // Redis unreachable or failing, or nothing to release
-	exitUsage   = 2
-)
-
-// usageError is a mistake on the command line: exit status 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
-}
-
-// errReported means the command has already told the user what went wrong and
-// only the exit status is left to set.
-var errReported = errors.New("reported")
-
-// run is the whole command: args without the program name, env to read the
-// environment (os.Getenv), and the two output streams. It returns the exit status.
-func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
-	inv, err := parseArgs(args)
-	if err != nil {
-		fmt.Fprintf(stderr, "asynqmutex: %v\nRun 'asynqmutex help' for usage.\n", err)
-		return exitUsage
-	}
-	switch {
-	case inv.help:
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	case inv.cmd == "":
-		fmt.Fprint(stderr, usage)
-		return exitUsage
-	}
-	err = execute(ctx, inv, env, stdout, stderr)
-	var ue *usageError
-	switch {
-	case err == nil:
-		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "asynqmutex: %v\nRun 'asynqmutex help' for usage.\n", err)
-		return exitUsage
-	case errors.Is(err, errReported):
-		return exitFailure
-	default:
-		fmt.Fprintf(stderr, "asynqmutex: %v\n", err)
-		return exitFailure
-	}
-}
-
-// execute connects to Redis and runs the command inv names.
-func execute(ctx context.Context, inv *invocation, env func(string) string, stdout, stderr io.Writer) error {
-	key, err := inv.lockKey()
-	if err != nil {
-		return err
-	}
-	if inv.cmd == "release" && !inv.force {
-		return usagef("release needs --force to free %s: it takes the lock from its holder, which may still be\n"+
-			"working and is not told until it next renews (within a third of its lease). Check first with\n"+
-			"'asynqmutex show', then run 'asynqmutex release --force' with the same key", quoteKey(key))
-	}
-	conn, err := connect(inv, env)
-	if err != nil {
-		return err
-	}
-	defer conn.close()
-	if err := conn.check(ctx); err != nil {
-		return err
-	}
-	out := &printer{w: stdout, json: inv.json, prefix: inv.prefix}
-	switch inv.cmd {
-	case "list":
-		return conn.explain(list(ctx, conn.locks, out))
-	case "show":
-		return conn.explain(show(ctx, conn.locks, key, out))
-	default: // release
-		return conn.explain(release(ctx, conn.locks, key, out, stderr))
-	}
-}
-
-const usage = `asynqmutex shows and releases the Redis locks of asynqmutex (package mutex).
-
-Usage:
-  asynqmutex [flags] list
-  asynqmutex [flags] show KEY
-  asynqmutex [flags] show --task TYPE [VALUE...]
-  asynqmutex [flags] release --force KEY
-  asynqmutex [flags] release --force --task TYPE [VALUE...]
-  asynqmutex help
-
-Commands:
-  list     every held lock under the prefix, sorted by key: holder, held for,
-           lease left, fence, waiters
-  show     one lock in full, with its waiters in the order they are served
-  release  free a lock whoever holds it (needs --force); it goes to the first
-           waiter, if any. The holder is not told until it next renews, and its
-           fence is lower than every later holder's.
-
-Keys:
-  KEY is the key the lock was taken on; for the middleware the JSON array of the
-  task type and the On fields: '["payment:capture","c-42"]' (quote it).
-  --task TYPE [VALUE...] builds that key as On does, values in On's order, each
-  JSON text: '"42"' is the string 42, 42 the number. A value that is not valid
-  JSON is a string: c-42 means "c-42". Put values that start with - after --.
-
-Flags (before or after the command):
-  -u, --uri ADDR         Redis host:port, or a redis://, rediss:// or unix:// URL
-                         (default 127.0.0.1:6379, or $REDIS_URL when set)
-  -n, --db N             Redis database number (default 0)
-  -p, --password PASS    Redis password
-      --cluster          connect to a Redis Cluster
-      --cluster_addrs A  comma-separated cluster node addresses
-                         (default 127.0.0.1:7000,...,127.0.0.1:7005)
-      --tls              use TLS, verifying the certificate for the server's host
-      --tls_server NAME  use TLS, verifying the certificate for NAME
-      --insecure         use TLS without verifying the certificate
-      --prefix P         key prefix of the locks (default "asynqmutex:")
-      --json             print one JSON document: durations in ms, RFC 3339 times
-      --force            release: take the lock from its holder
-      --task TYPE        show, release: the key of a task of type TYPE
-  -h, --help             print this help
-
-Environment:
-  REDIS_URL  used without --uri and --cluster: redis://[user:pass@]host:port[/db],
-             rediss:// for TLS. Flags given explicitly override it.
-
-Exit status: 0 success (show of a free key included), 1 Redis unreachable or
-failing, or nothing to release, 2 usage error.
-
-Examples:
-  asynqmutex list
-  asynqmutex --uri redis.internal:6379 --db 2 list --json
-  asynqmutex show '["payment:capture","c-42"]'
-  asynqmutex show --task payment:capture c-42
-  asynqmutex release --force --task payment:capture c-42
-  asynqmutex --cluster --cluster_addrs 10.0.0.1:7000,10.0.0.2:7000 list
-`

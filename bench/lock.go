@@ -73,30 +73,38 @@ var contenders = []contender{
 }
 
 // openOurs: one mutex.Client; Lock, then Unlock.
-func openOurs(_ context.Context, e *env, _ []string) (*locker, error) {
-	hook := new(benchkit.AttemptCounter)
-	rdb := e.redis(hook)
-	prefix := e.prefix + "asynqmutex:"
-	locks := mutex.New(rdb, mutex.Prefix(prefix))
-	return &locker{
-		lock: func(ctx context.Context, key string) (func(context.Context) error, error) {
-			l, err := locks.Lock(ctx, key, lockTTL)
-			if err != nil {
-				return nil, err
-			}
-			return l.Unlock, nil
-		},
-		mark: hook.Attempts.Load,
-		// The key's Redis key is prefix + "{" + key + "}" (the scenarios' keys need no
-		// escaping), whose wait queue WaitBlocked looks at.
-		blocked: func(ctx context.Context, key string, n int64) error {
-			return benchkit.WaitBlocked(ctx, hook, n, e.stats, prefix, prefix+"{"+key+"}")
-		},
-		close: func() {
-			_ = locks.Close() // first: it drops its subscription, on rdb
-			rdb.Close()
-		},
-	}, nil
+func openOurs(ctx context.Context, e *env, keys []string) (*locker, error) {
+	return openOursWith("asynqmutex:")(ctx, e, keys)
+}
+
+// openOursWith is openOurs with keys under the namespace ns and the Client's
+// options opts.
+func openOursWith(ns string, opts ...mutex.Option) func(context.Context, *env, []string) (*locker, error) {
+	return func(_ context.Context, e *env, _ []string) (*locker, error) {
+		prefix := e.prefix + ns
+		hook := new(benchkit.AttemptCounter)
+		rdb := e.redis(hook)
+		locks := mutex.New(rdb, append([]mutex.Option{mutex.Prefix(prefix)}, opts...)...)
+		return &locker{
+			lock: func(ctx context.Context, key string) (func(context.Context) error, error) {
+				l, err := locks.Lock(ctx, key, lockTTL)
+				if err != nil {
+					return nil, err
+				}
+				return l.Unlock, nil
+			},
+			mark: hook.Attempts.Load,
+			// The key's Redis key is prefix + "{" + key + "}" (the scenarios' keys need no
+			// escaping), whose wait queue WaitBlocked looks at.
+			blocked: func(ctx context.Context, key string, n int64) error {
+				return benchkit.WaitBlocked(ctx, hook, n, e.stats, prefix, prefix+"{"+key+"}")
+			},
+			close: func() {
+				_ = locks.Close() // first: it drops its subscription, on rdb
+				rdb.Close()
+			},
+		}, nil
+	}
 }
 
 // openRedislock: Obtain with opts, then Release. With nil opts (the default, no

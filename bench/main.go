@@ -118,7 +118,7 @@ func run(out io.Writer, o options) error {
 
 	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
 		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
-	for _, g := range []*group{lockGroup, asynqGroup} {
+	for _, g := range []*group{lockGroup, asynqGroup, hookGroup} {
 		printGroup(out, g, todo, results)
 	}
 	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")
@@ -139,18 +139,29 @@ func printGroup(out io.Writer, g *group, todo []scenario, results [][]figures) {
 			for _, c := range g.columns {
 				fmt.Fprintf(out, " %s |", c.name)
 			}
-			fmt.Fprintln(out, " ÷ best peer | goal | result |")
-			fmt.Fprint(out, "|---|---|")
+			if g.noPeers {
+				fmt.Fprint(out, "\n|---|---|")
+			} else {
+				fmt.Fprint(out, " ÷ best peer | goal | result |\n|---|---|")
+			}
 			for range g.columns {
 				fmt.Fprint(out, "--:|")
 			}
-			fmt.Fprintln(out, "--:|---|---|")
+			if g.noPeers {
+				fmt.Fprintln(out)
+			} else {
+				fmt.Fprintln(out, "--:|---|---|")
+			}
 		}
 		for _, m := range s.metrics {
 			agg := m.aggregate(results[i])
 			fmt.Fprintf(out, "| %s | %s (%s) |", s.name, m.name, m.unit)
 			for _, c := range g.columns {
 				fmt.Fprintf(out, " %s |", num(value(agg, c.name)))
+			}
+			if g.noPeers {
+				fmt.Fprintln(out)
+				continue
 			}
 			var texts, verdicts []string
 			for _, gl := range m.goals {
@@ -180,6 +191,7 @@ type figures map[string]map[string]float64
 type group struct {
 	title   string
 	columns []column
+	noPeers bool // no ÷ best peer, goal or result: its metrics carry their own ratios
 }
 
 // column is a contender, as tables show it.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -81,5 +82,18 @@ func TestVerdict(t *testing.T) {
 	}
 	if got := atMost(7, "").verdict(map[string]float64{}, nan()); got != "–" {
 		t.Errorf("verdict without a figure = %q, want –", got)
+	}
+}
+
+// TestPrintGroupNoPeers checks that a table without peers has no ÷ best peer, goal
+// or result columns, in its header and its rows alike.
+func TestPrintGroupNoPeers(t *testing.T) {
+	g := &group{title: "## T", columns: []column{{name: "x"}, {name: "y"}}, noPeers: true}
+	s := scenario{name: "s", group: g, metrics: []metric{{name: "m", unit: "u"}}}
+	var out strings.Builder
+	printGroup(&out, g, []scenario{s}, [][]figures{{{"x": {"m": 1}, "y": {"m": 2}}}})
+	want := "\n## T\n\n| scenario | figure | x | y |\n|---|---|--:|--:|\n| s | m (u) | 1.00 | 2.00 |\n"
+	if got := out.String(); got != want {
+		t.Errorf("printGroup =\n%q\nwant\n%q", got, want)
 	}
 }

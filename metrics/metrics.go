@@ -1,0 +1,299 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// namespace prefixes every metric's name, as "asynq" does asynq's x/metrics.
+const namespace = "asynqmutex"
+
+// DefaultMaxTaskTypes is how many distinct task_type label values a Collector keeps
+// unless MaxTaskTypes says otherwise.
+const DefaultMaxTaskTypes = 1000
+
+// Other is the task_type label of events whose task type came after the first
+// MaxTaskTypes distinct ones. A task type that is itself named "other" shares it.
+const Other = "other"
+
+// Option configures New. Options follow asynq's style: MaxTaskTypes(n), not
+// WithMaxTaskTypes(n).
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	maxTaskTypes int
+}
+
+// MaxTaskTypes bounds the distinct values of the task_type label at n, besides "":
+// the first n task types seen get a label value of their own, and every later one is
+// counted under Other. A task type costs the series its events create, at most 94
+// (mostly the 19 buckets of each histogram series), so lower n where the metrics
+// backend is tight.
+// The default is DefaultMaxTaskTypes (1000). MaxTaskTypes panics if n < 1.
+func MaxTaskTypes(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("metrics.MaxTaskTypes: %d task types; want at least 1", n))
+	}
+	return optionFunc(func(c *config) { c.maxTaskTypes = n })
+}
+
+// Collector turns the events of mutex Clients into Prometheus metrics. Register it
+// with a prometheus.Registerer (it is a prometheus.Collector), and give its Observe
+// method to every Client it should hear, with mutex.Observe: one Collector may serve
+// several Clients, and their figures add up. Register it once per registry: a second
+// Collector in the same registry fails to register, its metrics having the same
+// names.
+//
+// Create it with New; the zero value is not usable. Its methods are safe for
+// concurrent use.
+type Collector struct {
+	maxTaskTypes int
+	taskTypes    sync.Map // label value (string) → struct{}: those admitted
+	mu           sync.Mutex
+	nTaskTypes   int // guarded by mu: len(taskTypes) less ""
+
+	wait            *prometheus.HistogramVec // task_type, outcome
+	hold            *prometheus.HistogramVec // task_type
+	waiters         *prometheus.GaugeVec     // task_type
+	contended       *prometheus.CounterVec   // task_type
+	leaseLost       *prometheus.CounterVec   // task_type
+	renewFailures   *prometheus.CounterVec   // task_type
+	conflicts       *prometheus.CounterVec   // task_type, policy
+	badInput        *prometheus.CounterVec   // task_type
+	wakeupLost      prometheus.Counter
+	wakeupRecovered prometheus.Counter
+	all             []prometheus.Collector
+
+	waiting waiting
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// New returns a Collector with no figures yet. Series appear as events come: a task
+// type's series exist once one of its events has been observed, the wake-up counters
+// from the start. New panics on an invalid option (see each option).
+func New(opts ...Option) *Collector {
+	cfg := config{maxTaskTypes: DefaultMaxTaskTypes}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	// From a millisecond to ten minutes: an uncontended lock waits for one round trip,
+	// a task waits up to its MaxWait (or LastTryWait, 30 s), and a task holds its lock
+	// as long as its handler runs (asynq's default timeout is 30 minutes; the +Inf
+	// bucket has the rest).
+	buckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	c := &Collector{
+		maxTaskTypes: cfg.maxTaskTypes,
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "lock_wait_seconds",
+			Help:    "Time from the first attempt to take a lock to the end of the acquisition; broken down by task type and outcome (acquired, not_obtained, error).",
+			Buckets: buckets,
+		}, []string{"task_type", "outcome"}),
+		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "lock_hold_seconds",
+			Help:    "Time a lock was held until its holder released it; broken down by task type.",
+			Buckets: buckets,
+		}, []string{"task_type"}),
+		waiters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "lock_waiters",
+			Help: "Number of acquisitions waiting now for a key another holds; broken down by task type.",
+		}, []string{"task_type"}),
+		contended: counterVec("lock_contended_total",
+			"Number of acquisitions that found their key held by another; broken down by task type.", "task_type"),
+		leaseLost: counterVec("lease_lost_total",
+			"Number of times a holder found its lease lost while it counted on it; broken down by task type.", "task_type"),
+		renewFailures: counterVec("lease_renew_failures_total",
+			"Number of lease renewals that got no answer from Redis (the lease still stood); broken down by task type.", "task_type"),
+		conflicts: counterVec("task_conflicts_total",
+			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
+		badInput: counterVec("task_bad_input_total",
+			"Number of tasks archived because no lock key could be derived from them; broken down by task type.", "task_type"),
+		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "wakeup_lost_total",
+			Help: "Number of times a Client's subscription connection for hand-overs broke or fell silent.",
+		}),
+		wakeupRecovered: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "wakeup_recovered_total",
+			Help: "Number of times a Client's subscription connection for hand-overs was confirmed again after it was lost.",
+		}),
+		waiting: waiting{m: make(map[waitKey]int)},
+	}
+	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
+		c.renewFailures, c.conflicts, c.badInput, c.wakeupLost, c.wakeupRecovered}
+	return c
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+}
+
+// Describe sends the descriptors of the Collector's metrics to ch, for
+// prometheus.Collector. It is safe for concurrent use.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.all {
+		m.Describe(ch)
+	}
+}
+
+// Collect sends the Collector's current figures to ch, for prometheus.Collector. It
+// never fails and is safe for concurrent use, with Observe too.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.all {
+		m.Collect(ch)
+	}
+}
+
+// Observe records e in the Collector's metrics. Give it to a Client with
+// mutex.Observe(c.Observe). It does not block: it takes a mutex only briefly, for
+// the first event of a task type and around the bookkeeping of contended
+// acquisitions. For an uncontended lock and release of a task type seen before it
+// allocates nothing and takes well under a microsecond. It never fails, ignores
+// operations it does not know, and is safe for concurrent use.
+//
+// asynqmutex_lock_waiters counts an acquisition from its OpContended to its
+// OpAcquired or OpNotObtained. Those events do not say which acquisition they end,
+// so Observe pairs them by key, Name and ID: the gauge is exact unless two
+// acquisitions of one key with the same Name and ID overlap, one of them
+// uncontended, which can make it read low (never high) until they end.
+func (c *Collector) Observe(_ context.Context, e mutex.Event) {
+	switch e.Op {
+	case mutex.OpAcquired:
+		t := c.taskType(e.Name)
+		c.wait.WithLabelValues(t, "acquired").Observe(e.Wait.Seconds())
+		c.waitEnded(e, t)
+	case mutex.OpNotObtained:
+		t := c.taskType(e.Name)
+		outcome := "not_obtained"
+		if e.Err != nil && !errors.Is(e.Err, mutex.ErrNotObtained) {
+			outcome = "error"
+		}
+		c.wait.WithLabelValues(t, outcome).Observe(e.Wait.Seconds())
+		c.waitEnded(e, t)
+	case mutex.OpContended:
+		t := c.taskType(e.Name)
+		c.contended.WithLabelValues(t).Inc()
+		c.waiting.start(waitKey{e.Key, e.Name, e.ID})
+		c.waiters.WithLabelValues(t).Inc()
+	case mutex.OpReleased:
+		c.hold.WithLabelValues(c.taskType(e.Name)).Observe(e.Held.Seconds())
+	case mutex.OpLeaseLost:
+		c.leaseLost.WithLabelValues(c.taskType(e.Name)).Inc()
+	case mutex.OpRenewFailed:
+		c.renewFailures.WithLabelValues(c.taskType(e.Name)).Inc()
+	case mutex.OpConflict:
+		c.conflicts.WithLabelValues(c.taskType(e.Name), policy(e.Policy)).Inc()
+	case mutex.OpBadInput:
+		c.badInput.WithLabelValues(c.taskType(e.Name)).Inc()
+	case mutex.OpWakeupLost:
+		c.wakeupLost.Inc()
+	case mutex.OpWakeupRecovered:
+		c.wakeupRecovered.Inc()
+	}
+}
+
+// waitEnded takes the acquisition of e off the waiters gauge if it had contended.
+func (c *Collector) waitEnded(e mutex.Event, taskType string) {
+	if c.waiting.end(waitKey{e.Key, e.Name, e.ID}) {
+		c.waiters.WithLabelValues(taskType).Dec()
+	}
+}
+
+// policy is p as a label value: one of the middleware's, or Other.
+func policy(p string) string {
+	switch p {
+	case "skip", "fail", "retry", "archive":
+		return p
+	}
+	return Other
+}
+
+// taskType is the task_type label of an event's Name: the name as mutex.HeldBy stores
+// it, while fewer than maxTaskTypes have been seen, and Other after that. The
+// middleware's own events carry the raw task type, the lock's the stored one; both
+// come out the same here.
+func (c *Collector) taskType(name string) string {
+	if name == "" {
+		return ""
+	}
+	if _, ok := c.taskTypes.Load(name); ok {
+		return name
+	}
+	name = labelValue(name)
+	if _, ok := c.taskTypes.Load(name); ok {
+		return name
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.taskTypes.Load(name); ok {
+		return name
+	}
+	if c.nTaskTypes >= c.maxTaskTypes {
+		return Other
+	}
+	c.nTaskTypes++
+	c.taskTypes.Store(name, struct{}{})
+	return name
+}
+
+// labelValue is name as mutex.HeldBy stores it (shortened past 100 bytes, with tabs
+// and line breaks turned to spaces), in valid UTF-8 as Prometheus requires.
+func labelValue(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\t' || r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r // strings.Map turns invalid UTF-8 into U+FFFD
+	}, shortkey.Shorten(name))
+}
+
+// waiting counts, by key, Name and ID, the acquisitions that contended and have not
+// ended yet.
+type waiting struct {
+	n  atomic.Int64 // the sum of m's counts: 0 spares an ending acquisition the mutex
+	mu sync.Mutex
+	m  map[waitKey]int // no zero counts, so it holds only what waits now
+}
+
+type waitKey struct{ key, name, id string }
+
+func (w *waiting) start(k waitKey) {
+	w.mu.Lock()
+	w.m[k]++
+	w.n.Add(1)
+	w.mu.Unlock()
+}
+
+// end reports whether an acquisition of k was waiting, and forgets one. An
+// acquisition's OpContended comes before its end on the same goroutine, so when it
+// was counted, n is not 0.
+func (w *waiting) end(k waitKey) bool {
+	if w.n.Load() == 0 {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, ok := w.m[k]
+	if !ok {
+		return false
+	}
+	if n == 1 {
+		delete(w.m, k)
+	} else {
+		w.m[k] = n - 1
+	}
+	w.n.Add(-1)
+	return true
+}

@@ -159,7 +159,7 @@ func TestMiddlewareMetrics(t *testing.T) {
 	})
 	close(release)
 	payload := <-lostStarted
-	if _, _, err := other.ForceRelease(ctx, mustKey(t, "report:lost", "l")); err != nil {
+	if _, err := other.ForceRelease(ctx, mustKey(t, "report:lost", "l")); err != nil {
 		t.Fatalf("ForceRelease (task %s): %v", payload, err)
 	}
 

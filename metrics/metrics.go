@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,8 +75,6 @@ type Collector struct {
 	wakeupLost      prometheus.Counter
 	wakeupRecovered prometheus.Counter
 	all             []prometheus.Collector
-
-	waiting waiting
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -129,7 +126,6 @@ func New(opts ...Option) *Collector {
 			Namespace: namespace, Name: "wakeup_recovered_total",
 			Help: "Number of times a Client's subscription connection for hand-overs was confirmed again after it was lost.",
 		}),
-		waiting: waiting{m: make(map[waitKey]int)},
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
 		c.renewFailures, c.conflicts, c.badInput, c.wakeupLost, c.wakeupRecovered}
@@ -158,16 +154,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // Observe records e in the Collector's metrics. Give it to a Client with
 // mutex.Observe(c.Observe). It does not block: it takes a mutex only briefly, for
-// the first event of a task type and around the bookkeeping of contended
-// acquisitions. For an uncontended lock and release of a task type seen before it
-// allocates nothing and takes well under a microsecond. It never fails, ignores
+// the first event of a task type. For a lock and release of a task type seen before
+// it allocates nothing and takes well under a microsecond. It never fails, ignores
 // operations it does not know, and is safe for concurrent use.
 //
-// asynqmutex_lock_waiters counts an acquisition from its OpContended to its
-// OpAcquired or OpNotObtained. Those events do not say which acquisition they end,
-// so Observe pairs them by key, Name and ID: the gauge is exact unless two
-// acquisitions of one key with the same Name and ID overlap, one of them
-// uncontended, which can make it read low (never high) until they end.
+// asynqmutex_lock_waiters counts an acquisition from its OpContended to the
+// OpAcquired or OpNotObtained that ends it (marked Contended).
 func (c *Collector) Observe(_ context.Context, e mutex.Event) {
 	switch e.Op {
 	case mutex.OpAcquired:
@@ -185,7 +177,6 @@ func (c *Collector) Observe(_ context.Context, e mutex.Event) {
 	case mutex.OpContended:
 		t := c.taskType(e.Name)
 		c.contended.WithLabelValues(t).Inc()
-		c.waiting.start(waitKey{e.Key, e.Name, e.ID})
 		c.waiters.WithLabelValues(t).Inc()
 	case mutex.OpReleased:
 		c.hold.WithLabelValues(c.taskType(e.Name)).Observe(e.Held.Seconds())
@@ -206,7 +197,7 @@ func (c *Collector) Observe(_ context.Context, e mutex.Event) {
 
 // waitEnded takes the acquisition of e off the waiters gauge if it had contended.
 func (c *Collector) waitEnded(e mutex.Event, taskType string) {
-	if c.waiting.end(waitKey{e.Key, e.Name, e.ID}) {
+	if e.Contended {
 		c.waiters.WithLabelValues(taskType).Dec()
 	}
 }
@@ -221,9 +212,8 @@ func policy(p string) string {
 }
 
 // taskType is the task_type label of an event's Name: the name as mutex.HeldBy stores
-// it, while fewer than maxTaskTypes have been seen, and Other after that. The
-// middleware's own events carry the raw task type, the lock's the stored one; both
-// come out the same here.
+// it (as every event carries it), in valid UTF-8, while fewer than maxTaskTypes have
+// been seen, and Other after that.
 func (c *Collector) taskType(name string) string {
 	if name == "" {
 		return ""
@@ -257,43 +247,4 @@ func labelValue(name string) string {
 		}
 		return r // strings.Map turns invalid UTF-8 into U+FFFD
 	}, shortkey.Shorten(name))
-}
-
-// waiting counts, by key, Name and ID, the acquisitions that contended and have not
-// ended yet.
-type waiting struct {
-	n  atomic.Int64 // the sum of m's counts: 0 spares an ending acquisition the mutex
-	mu sync.Mutex
-	m  map[waitKey]int // no zero counts, so it holds only what waits now
-}
-
-type waitKey struct{ key, name, id string }
-
-func (w *waiting) start(k waitKey) {
-	w.mu.Lock()
-	w.m[k]++
-	w.n.Add(1)
-	w.mu.Unlock()
-}
-
-// end reports whether an acquisition of k was waiting, and forgets one. An
-// acquisition's OpContended comes before its end on the same goroutine, so when it
-// was counted, n is not 0.
-func (w *waiting) end(k waitKey) bool {
-	if w.n.Load() == 0 {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n, ok := w.m[k]
-	if !ok {
-		return false
-	}
-	if n == 1 {
-		delete(w.m, k)
-	} else {
-		w.m[k] = n - 1
-	}
-	w.n.Add(-1)
-	return true
 }

@@ -130,7 +130,7 @@ func TestObserve(t *testing.T) {
 		}},
 		{"contended, then acquired", []mutex.Event{
 			{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
-			{Op: mutex.OpAcquired, Key: "k", Name: "pay", ID: "1", Wait: 1500 * time.Millisecond},
+			{Op: mutex.OpAcquired, Key: "k", Name: "pay", ID: "1", Contended: true, Wait: 1500 * time.Millisecond},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type="pay"}`:                       1,
 			`asynqmutex_lock_wait_seconds_count{outcome="acquired",task_type="pay"}`: 1,
@@ -144,7 +144,7 @@ func TestObserve(t *testing.T) {
 		}},
 		{"busy until the wait ended", []mutex.Event{
 			{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
-			{Op: mutex.OpNotObtained, Key: "k", Name: "pay", ID: "1", Wait: time.Second, Err: busy},
+			{Op: mutex.OpNotObtained, Key: "k", Name: "pay", ID: "1", Contended: true, Wait: time.Second, Err: busy},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type="pay"}`:                           1,
 			`asynqmutex_lock_wait_seconds_count{outcome="not_obtained",task_type="pay"}`: 1,
@@ -207,7 +207,7 @@ func TestObserve(t *testing.T) {
 		}},
 		{"a lock without HeldBy", []mutex.Event{
 			{Op: mutex.OpContended, Key: "k"},
-			{Op: mutex.OpAcquired, Key: "k", Wait: time.Second},
+			{Op: mutex.OpAcquired, Key: "k", Contended: true, Wait: time.Second},
 			{Op: mutex.OpReleased, Key: "k", Held: time.Second},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type=""}`:                       1,
@@ -247,7 +247,7 @@ func TestSeriesAtZero(t *testing.T) {
 		}
 	}
 	c.Observe(context.Background(), mutex.Event{Op: mutex.OpContended, Key: "k", Name: "pay"})
-	c.Observe(context.Background(), mutex.Event{Op: mutex.OpAcquired, Key: "k", Name: "pay"})
+	c.Observe(context.Background(), mutex.Event{Op: mutex.OpAcquired, Key: "k", Name: "pay", Contended: true})
 	got = scrape(t, c)
 	if v, ok := got[`asynqmutex_lock_waiters{task_type="pay"}`]; !ok || v != 0 {
 		t.Errorf("after a contended acquisition: waiters = %v (present %v), want 0", v, ok)
@@ -378,20 +378,20 @@ func stored(name string) string {
 	return name[:64] + "…sha256:" + hex.EncodeToString(sum[:6])
 }
 
-// TestWaiters checks the waiters gauge through overlapping acquisitions, including
-// ones the events cannot tell apart: it may read low while they overlap, never high
-// and never below zero, and reads exactly when they have ended.
+// TestWaiters checks the waiters gauge through overlapping acquisitions: an
+// acquisition counts from its OpContended to the end event marked Contended, whatever
+// its key, name and ID, and uncontended ones never count.
 func TestWaiters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	contended := func(key, id string) mutex.Event {
 		return mutex.Event{Op: mutex.OpContended, Key: key, Name: "pay", ID: id}
 	}
-	acquired := func(key, id string) mutex.Event {
-		return mutex.Event{Op: mutex.OpAcquired, Key: key, Name: "pay", ID: id}
+	acquired := func(key, id string, waited bool) mutex.Event {
+		return mutex.Event{Op: mutex.OpAcquired, Key: key, Name: "pay", ID: id, Contended: waited}
 	}
-	notObtained := func(key, id string) mutex.Event {
-		return mutex.Event{Op: mutex.OpNotObtained, Key: key, Name: "pay", ID: id, Err: mutex.ErrNotObtained}
+	notObtained := func(key, id string, waited bool) mutex.Event {
+		return mutex.Event{Op: mutex.OpNotObtained, Key: key, Name: "pay", ID: id, Contended: waited, Err: mutex.ErrNotObtained}
 	}
 	type step struct {
 		e    mutex.Event
@@ -402,16 +402,16 @@ func TestWaiters(t *testing.T) {
 		steps []step
 	}{
 		{"two keys", []step{
-			{contended("a", "1"), 1}, {contended("b", "2"), 2}, {acquired("a", "1"), 1}, {notObtained("b", "2"), 0},
+			{contended("a", "1"), 1}, {contended("b", "2"), 2}, {acquired("a", "1", true), 1}, {notObtained("b", "2", true), 0},
 		}},
 		{"uncontended acquisitions do not count", []step{
-			{acquired("a", "1"), 0}, {notObtained("a", "2"), 0}, {contended("a", "3"), 1}, {acquired("a", "4"), 1}, {acquired("a", "3"), 0},
+			{acquired("a", "1", false), 0}, {notObtained("a", "2", false), 0}, {contended("a", "3"), 1}, {acquired("a", "4", false), 1}, {acquired("a", "3", true), 0},
 		}},
 		{"same key, name and ID, both contended", []step{
-			{contended("a", "1"), 1}, {contended("a", "1"), 2}, {acquired("a", "1"), 1}, {acquired("a", "1"), 0},
+			{contended("a", "1"), 1}, {contended("a", "1"), 2}, {acquired("a", "1", true), 1}, {acquired("a", "1", true), 0},
 		}},
-		{"same key, name and ID, one uncontended: low while they overlap", []step{
-			{contended("a", "1"), 1}, {acquired("a", "1"), 0}, {notObtained("a", "1"), 0},
+		{"same key, name and ID, one uncontended", []step{
+			{contended("a", "1"), 1}, {acquired("a", "1", false), 1}, {notObtained("a", "1", true), 0},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -463,10 +463,10 @@ func TestConcurrentObserve(t *testing.T) {
 				id := strconv.Itoa(w)
 				c.Observe(context.Background(), mutex.Event{Op: mutex.OpContended, Key: key, Name: name, ID: id})
 				if i%2 == 0 {
-					c.Observe(context.Background(), mutex.Event{Op: mutex.OpAcquired, Key: key, Name: name, ID: id})
+					c.Observe(context.Background(), mutex.Event{Op: mutex.OpAcquired, Key: key, Name: name, ID: id, Contended: true})
 					c.Observe(context.Background(), mutex.Event{Op: mutex.OpReleased, Key: key, Name: name, ID: id})
 				} else {
-					c.Observe(context.Background(), mutex.Event{Op: mutex.OpNotObtained, Key: key, Name: name, ID: id, Err: mutex.ErrNotObtained})
+					c.Observe(context.Background(), mutex.Event{Op: mutex.OpNotObtained, Key: key, Name: name, ID: id, Contended: true, Err: mutex.ErrNotObtained})
 				}
 			}
 		}()

@@ -14,14 +14,17 @@ type Op uint8
 // second from packages built on it, through Client.Emit (the asynqmutex middleware).
 const (
 	// OpAcquired: the lock was taken. Wait is the time from the first attempt to the
-	// one that took it (0 for an uncontended lock); Fence is the new fence.
+	// moment it was taken, 0 when the first attempt took it; Fence is the new fence;
+	// Contended is true when OpContended was reported before it.
 	OpAcquired Op = iota + 1
 	// OpContended: an acquisition found the key held by another, once per acquisition
 	// (a TryLock, Lock or WithLock call), however often it then tries again.
 	OpContended
 	// OpNotObtained: an acquisition ended without the lock. Err wraps ErrNotObtained
 	// when the key stayed busy (joined with the context's error when that ended the
-	// wait) and is a Redis error otherwise; Wait is how long it tried.
+	// wait) and is a Redis error otherwise; Wait is how long it tried; Contended as
+	// for OpAcquired. Every OpContended is followed by one OpAcquired or OpNotObtained
+	// with Contended set, so "waiting now" is the difference of their counts.
 	OpNotObtained
 	// OpReleased: the holder released the lock. Held is how long it held it, on its
 	// own clock.
@@ -32,7 +35,8 @@ const (
 	// OpLeaseLost: the lease ended while the holder still counted on it: Redis said
 	// the key was gone or held by another token, or renewals failed until the lease
 	// ran out. Another holder may have overlapped. Err says why; Held is how long it
-	// had been held.
+	// had been held. It is reported once per Lock, however many of its calls find
+	// the lease gone.
 	OpLeaseLost
 	// OpWakeupLost: the Client's subscription connection broke or fell silent (Err),
 	// so its waiters may miss a hand-over; they try again at once and when the
@@ -75,12 +79,13 @@ type Event struct {
 	Key string
 	// Name and ID are what the holder said about itself with HeldBy: for the
 	// asynqmutex middleware, the task type and the task ID.
-	Name, ID string
-	Fence    int64
-	Wait     time.Duration // OpAcquired, OpNotObtained, OpConflict
-	Held     time.Duration // OpReleased, OpLeaseLost
-	Policy   string        // OpConflict
-	Err      error         // OpNotObtained, OpRenewFailed, OpLeaseLost, OpWakeupLost, OpBadInput
+	Name, ID  string
+	Fence     int64
+	Contended bool          // OpAcquired, OpNotObtained
+	Wait      time.Duration // OpAcquired, OpNotObtained, OpConflict
+	Held      time.Duration // OpReleased, OpLeaseLost
+	Policy    string        // OpConflict
+	Err       error         // OpNotObtained, OpRenewFailed, OpLeaseLost, OpWakeupLost, OpBadInput
 }
 
 // Observe makes the Client call fn for every Event of its locks, its waiters and, via
@@ -105,9 +110,11 @@ func Observe(fn func(ctx context.Context, e Event)) Option {
 
 // Emit passes e to the Client's observers (see Observe), if any. It is for packages
 // built on the Client, such as the asynqmutex middleware, so that one observer hears
-// their events too. Safe for concurrent use; a no-op without observers.
+// their events too. Name and ID are cleaned as HeldBy cleans them, so that events
+// from both name a task alike. Safe for concurrent use; a no-op without observers.
 func (c *Client) Emit(ctx context.Context, e Event) {
 	if c.observe != nil {
+		e.Name, e.ID = cleanField(e.Name), cleanField(e.ID)
 		c.observe(ctx, e)
 	}
 }

@@ -233,6 +233,7 @@ type Lock struct {
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
+	lost  bool      // OpLeaseLost was reported
 }
 
 // Key returns the key the lock was taken on, as the caller gave it.
@@ -341,11 +342,22 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	return err
 }
 
-// emit reports op on l to the Client's observers, with how long l has been held.
+// emit reports op on l to the Client's observers, with how long l has been held;
+// OpLeaseLost only the first time.
 func (l *Lock) emit(ctx context.Context, op Op, err error) {
-	if l.c.observe != nil {
-		l.c.observe(ctx, Event{Op: op, Key: l.key, Name: l.by.name, ID: l.by.id, Fence: l.fence, Held: time.Since(l.taken), Err: err})
+	if l.c.observe == nil {
+		return
 	}
+	if op == OpLeaseLost {
+		l.mu.Lock()
+		again := l.lost
+		l.lost = true
+		l.mu.Unlock()
+		if again {
+			return
+		}
+	}
+	l.c.observe(ctx, Event{Op: op, Key: l.key, Name: l.by.name, ID: l.by.id, Fence: l.fence, Held: time.Since(l.taken), Err: err})
 }
 
 // unlock is Unlock without events: WithLock decides what its result means.

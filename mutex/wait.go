@@ -54,11 +54,14 @@ func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts .
 func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 	l, err := c.obtain(ctx, a)
 	if c.observe != nil {
-		e := Event{Key: a.key, Name: a.by.name, ID: a.by.id, Err: err}
-		if l != nil {
-			e.Op, e.Fence, e.Wait = OpAcquired, l.fence, l.taken.Sub(a.start)
-		} else {
+		e := Event{Key: a.key, Name: a.by.name, ID: a.by.id, Contended: a.contended, Err: err}
+		switch {
+		case l == nil:
 			e.Op, e.Wait = OpNotObtained, time.Since(a.start)
+		case a.contended:
+			e.Op, e.Fence, e.Wait = OpAcquired, l.fence, l.taken.Sub(a.start)
+		default:
+			e.Op, e.Fence = OpAcquired, l.fence
 		}
 		c.observe(ctx, e)
 	}

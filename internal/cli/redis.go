@@ -125,8 +125,17 @@ func (c *conn) close() {
 func (c *conn) check(ctx context.Context) error {
 	if !c.cluster {
 		info, err := c.rdb.Info(ctx, "cluster").Result()
-		if err != nil && !redis.HasErrorPrefix(err, "NOPERM") {
+		var reply redis.Error
+		if err != nil && !errors.As(err, &reply) {
 			return c.explain(err)
+		}
+		if err != nil && !redis.HasErrorPrefix(err, "NOPERM") {
+			// The server answered but has no cluster section (an embedded Redis
+			// such as miniredis): it is no cluster node. A refused password is
+			// still reported.
+			if err := c.rdb.Ping(ctx).Err(); err != nil {
+				return c.explain(err)
+			}
 		}
 		if strings.Contains(info, "cluster_enabled:1") {
 			return fmt.Errorf("%s is a Redis Cluster node, and without --cluster the tool would see only its keys:\n"+

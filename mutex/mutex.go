@@ -111,7 +111,7 @@ type Client struct {
 	// the subscribers of the node it ran on, so zero does not mean nobody listens.
 	countsSubscribers string
 
-	host    string // this machine, recorded in every lock it takes (see Holder)
+	self    string // "<host>\t<pid>\t": this process, recorded in every lock it takes (see Holder)
 	desc    string // describe("", ""): the description of a holder without HeldBy
 	observe func(context.Context, Event)
 	logger  *slog.Logger // nil: slog.Default() when a record is logged
@@ -142,7 +142,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if rdb == nil {
 		panic("mutex.New: nil redis client")
 	}
-	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1", host: hostname()}
+	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1",
+		self: hostname() + "\t" + strconv.Itoa(os.Getpid()) + "\t"}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.countsSubscribers = "0"
 	}
@@ -536,7 +537,7 @@ func (c *Client) release(ctx context.Context, keys []string, id, entry string) (
 // HeldBy's name and id, separated by tabs, preceded by the text's length in
 // idLenDigits decimal digits (see common.lua).
 func (c *Client) describe(name, id string) string {
-	return identity(c.host + "\t" + strconv.Itoa(os.Getpid()) + "\t" + name + "\t" + id)
+	return identity(c.self + name + "\t" + id)
 }
 
 // cleanField makes s fit a description: at most 100 bytes, and no tab or newline.

@@ -178,6 +178,11 @@ func Logger(l *slog.Logger) Option {
 // error text the middleware adds grows with the key or the payload: a key or task
 // type longer than 100 bytes is shown shortened, with a digest.
 //
+// Each lock records the task type and task ID as its holder (mutex.HeldBy), which
+// mutex.Client.Inspect and the asynqmutex command show. Events go to the observers
+// of locks (mutex.Observe): the lock's own, and OpConflict with the policy applied
+// and OpBadInput for a task archived for its input.
+//
 // Middleware panics if locks is nil or the options conflict. The returned middleware
 // is safe for concurrent use.
 func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {

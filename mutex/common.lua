@@ -37,7 +37,8 @@ end
 
 -- value is a lock value; who is the holder's identity followed by its description.
 local function value(fence, state, since, who, prev)
-  return string.format('%016d', fence) .. state .. string.format('%016d', since) .. who .. prev
+  local f = string.format('%016d', fence)
+  return f .. state .. (since == fence and f or string.format('%016d', since)) .. who .. prev
 end
 
 -- nextFence is the fence after value v's (v may be nil), and the server time in
@@ -47,41 +48,4 @@ local function nextFence(v)
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local f = v and tonumber(string.sub(v, 1, 16)) or 0
   return math.max(f + 1, now), now
-end
-
--- handOver gives the lock, whose value is v and which identity id releases, to the
--- oldest waiter in queue q whose client is listening: the waiter's entry is taken out,
--- the lock is set to its identity with a new fence and its own lease, and its client
--- gets "<waiter> <fence>" on channel chan .. <client>. When no subscriber received
--- that (the client died or is reconnecting), the next waiter is tried, so dead waiters
--- cannot swallow a release; the waiter passed over tries again by itself once it
--- listens again. PUBLISH counts every subscriber only when counts is "1" (not in
--- Redis Cluster, where it counts those of one node). Returns true when a waiter got
--- the lock, false when nobody was left.
-local function handOver(lock, q, v, id, chan, counts)
-  while true do
-    local e = redis.call('LPOP', q)
-    if not e then
-      return false
-    end
-    local dot = string.find(e, '.', 1, true)
-    local s1 = string.find(e, ' ', 1, true)
-    local s2 = s1 and string.find(e, ' ', s1 + 1, true)
-    if dot and s2 and dot < s1 then
-      local f, now = nextFence(v)
-      local nv = value(f, 'w', now, string.sub(e, s2 + 1), id)
-      redis.call('SET', lock, nv, 'PX', string.sub(e, s1 + 1, s2 - 1))
-      local got = redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1),
-        string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.sub(nv, 1, 16))
-      if got > 0 or counts ~= '1' then
-        return true
-      end
-      v = nv
-    end
-  end
-end
-
--- tombstone is what a release by identity id leaves of value v.
-local function tombstone(v, id)
-  return string.sub(v, 1, 16) .. 'r' .. string.sub(v, 18, 33) .. id .. '0000'
 end

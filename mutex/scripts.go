@@ -9,10 +9,14 @@ import (
 // Every Redis step is one Lua script, so that compare-and-act is atomic and costs one
 // round trip. redis.Script sends EVALSHA and falls back to EVAL on NOSCRIPT, which
 // also loads the script for the next call. Each file documents its KEYS and ARGV;
-// common.lua, the lock value's format and the fence rule, starts every script.
+// common.lua, the lock value's format and the fence rule, starts every script;
+// handover.lua, how a release passes the lock on, follows it in the two that release.
 var (
 	//go:embed common.lua
 	commonLua string
+
+	//go:embed handover.lua
+	handoverLua string
 
 	//go:embed lock.lua
 	lockLua    string
@@ -20,7 +24,7 @@ var (
 
 	//go:embed release.lua
 	releaseLua    string
-	releaseScript = newScript(releaseLua)
+	releaseScript = newScript(handoverLua + "\n" + releaseLua)
 
 	//go:embed extend.lua
 	extendLua    string
@@ -32,7 +36,7 @@ var (
 
 	//go:embed force.lua
 	forceLua    string
-	forceScript = newScript(forceLua)
+	forceScript = newScript(handoverLua + "\n" + forceLua)
 
 	//go:embed inspect.lua
 	inspectLua    string

@@ -328,7 +328,7 @@ func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, key strin
 	}
 	logger.LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
 		slog.String("task_type", shortkey.Shorten(t.Type())),
-		slog.String("task_id", id),
+		slog.String("task_id", shortkey.Shorten(id)),
 		slog.String("key", shortkey.Shorten(key)),
 		slog.String("task", outcome),
 		slog.String("error", err.Error()))

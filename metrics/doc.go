@@ -20,6 +20,7 @@
 //	asynqmutex_lock_contended_total        counter    task_type           acquisitions that found the key held by another
 //	asynqmutex_lease_lost_total            counter    task_type           leases lost while the holder counted on them
 //	asynqmutex_lease_renew_failures_total  counter    task_type           renewals that got no answer (the lease still stood)
+//	asynqmutex_lock_release_failures_total counter    task_type           releases that got no answer (the lease frees the key)
 //	asynqmutex_task_conflicts_total        counter    task_type, policy   tasks the middleware did not run because their key was busy
 //	asynqmutex_task_bad_input_total        counter    task_type           tasks archived because no key could be derived
 //	asynqmutex_wakeup_lost_total           counter    (none)              subscription connections for hand-overs that broke

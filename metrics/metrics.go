@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -62,7 +63,8 @@ type Collector struct {
 	maxTaskTypes int
 	taskTypes    sync.Map // label value (string) → struct{}: those admitted
 	mu           sync.Mutex
-	nTaskTypes   int // guarded by mu: len(taskTypes) less ""
+	nTaskTypes   int         // guarded by mu: len(taskTypes) less ""
+	full         atomic.Bool // nTaskTypes reached maxTaskTypes: new names are Other
 
 	wait            *prometheus.HistogramVec // task_type, outcome
 	hold            *prometheus.HistogramVec // task_type
@@ -70,6 +72,7 @@ type Collector struct {
 	contended       *prometheus.CounterVec   // task_type
 	leaseLost       *prometheus.CounterVec   // task_type
 	renewFailures   *prometheus.CounterVec   // task_type
+	releaseFailures *prometheus.CounterVec   // task_type
 	conflicts       *prometheus.CounterVec   // task_type, policy
 	badInput        *prometheus.CounterVec   // task_type
 	wakeupLost      prometheus.Counter
@@ -87,8 +90,8 @@ func New(opts ...Option) *Collector {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	// From a millisecond to ten minutes: an uncontended lock waits for one round trip,
-	// a task waits up to its MaxWait (or LastTryWait, 30 s), and a task holds its lock
+	// From a millisecond to ten minutes: an uncontended lock is observed with a wait
+	// of 0, a task waits up to its MaxWait (or LastTryWait, 30 s), and a task holds its lock
 	// as long as its handler runs (asynq's default timeout is 30 minutes; the +Inf
 	// bucket has the rest).
 	buckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -114,6 +117,8 @@ func New(opts ...Option) *Collector {
 			"Number of times a holder found its lease lost while it counted on it; broken down by task type.", "task_type"),
 		renewFailures: counterVec("lease_renew_failures_total",
 			"Number of lease renewals that got no answer from Redis (the lease still stood); broken down by task type.", "task_type"),
+		releaseFailures: counterVec("lock_release_failures_total",
+			"Number of releases that got no answer from Redis (the lock frees itself when its lease ends); broken down by task type.", "task_type"),
 		conflicts: counterVec("task_conflicts_total",
 			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
 		badInput: counterVec("task_bad_input_total",
@@ -128,7 +133,7 @@ func New(opts ...Option) *Collector {
 		}),
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
-		c.renewFailures, c.conflicts, c.badInput, c.wakeupLost, c.wakeupRecovered}
+		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -184,6 +189,8 @@ func (c *Collector) Observe(_ context.Context, e mutex.Event) {
 		c.leaseLost.WithLabelValues(c.taskType(e.Name)).Inc()
 	case mutex.OpRenewFailed:
 		c.renewFailures.WithLabelValues(c.taskType(e.Name)).Inc()
+	case mutex.OpReleaseFailed:
+		c.releaseFailures.WithLabelValues(c.taskType(e.Name)).Inc()
 	case mutex.OpConflict:
 		c.conflicts.WithLabelValues(c.taskType(e.Name), policy(e.Policy)).Inc()
 	case mutex.OpBadInput:
@@ -221,6 +228,9 @@ func (c *Collector) taskType(name string) string {
 	if _, ok := c.taskTypes.Load(name); ok {
 		return name
 	}
+	if c.full.Load() {
+		return Other
+	}
 	name = labelValue(name)
 	if _, ok := c.taskTypes.Load(name); ok {
 		return name
@@ -231,6 +241,7 @@ func (c *Collector) taskType(name string) string {
 		return name
 	}
 	if c.nTaskTypes >= c.maxTaskTypes {
+		c.full.Store(true)
 		return Other
 	}
 	c.nTaskTypes++

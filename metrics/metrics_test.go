@@ -178,6 +178,11 @@ func TestObserve(t *testing.T) {
 		}, map[string]float64{
 			`asynqmutex_lease_renew_failures_total{task_type="pay"}`: 2,
 		}},
+		{"release failed", []mutex.Event{
+			{Op: mutex.OpReleaseFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
+		}, map[string]float64{
+			`asynqmutex_lock_release_failures_total{task_type="pay"}`: 1,
+		}},
 		{"conflicts by policy", []mutex.Event{
 			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "skip"},
 			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "fail"},

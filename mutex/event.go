@@ -32,11 +32,14 @@ const (
 	// OpRenewFailed: a renewal by WithLock got no answer (Err); it is tried again
 	// well before the lease ends, and the lease still stands.
 	OpRenewFailed
+	// OpReleaseFailed: a release got no answer (Err); the lock frees itself when its
+	// lease runs out, or may have been released. Held as for OpReleased.
+	OpReleaseFailed
 	// OpLeaseLost: the lease ended while the holder still counted on it: Redis said
 	// the key was gone or held by another token, or renewals failed until the lease
-	// ran out. Another holder may have overlapped. Err says why; Held is how long it
-	// had been held. It is reported once per Lock, however many of its calls find
-	// the lease gone.
+	// ran out, or ForceRelease took it. Another holder may have overlapped. Err says
+	// why; Held is how long it had been held. A Lock reports OpReleased or
+	// OpLeaseLost once, whichever comes first, however many of its calls find out.
 	OpLeaseLost
 	// OpWakeupLost: the Client's subscription connection broke or fell silent (Err),
 	// so its waiters may miss a hand-over; they try again at once and when the
@@ -56,7 +59,8 @@ const (
 
 var opNames = [...]string{
 	OpAcquired: "acquired", OpContended: "contended", OpNotObtained: "not_obtained",
-	OpReleased: "released", OpRenewFailed: "renew_failed", OpLeaseLost: "lease_lost",
+	OpReleased: "released", OpRenewFailed: "renew_failed", OpReleaseFailed: "release_failed",
+	OpLeaseLost:  "lease_lost",
 	OpWakeupLost: "wakeup_lost", OpWakeupRecovered: "wakeup_recovered",
 	OpConflict: "conflict", OpBadInput: "bad_input",
 }
@@ -85,7 +89,7 @@ type Event struct {
 	Wait      time.Duration // OpAcquired, OpNotObtained, OpConflict
 	Held      time.Duration // OpReleased, OpLeaseLost
 	Policy    string        // OpConflict
-	Err       error         // OpNotObtained, OpRenewFailed, OpLeaseLost, OpWakeupLost, OpBadInput
+	Err       error         // OpNotObtained, OpRenewFailed, OpReleaseFailed, OpLeaseLost, OpWakeupLost, OpBadInput
 }
 
 // Observe makes the Client call fn for every Event of its locks, its waiters and, via
@@ -121,8 +125,8 @@ func (c *Client) Emit(ctx context.Context, e Event) {
 
 // Logger sets where the Client logs what an operator should hear of: a renewal that
 // got no answer (Warn, once per run of failures, with the key shortened and the
-// holder's HeldBy name and ID), and the subscription connection breaking (Warn) and
-// recovering (Info). Lost leases are not logged here: WithLock, Lock.Extend and
+// holder's HeldBy name and ID), a WithLock release that got no answer (Warn), and the
+// subscription connection breaking (Warn) and recovering (Info). Lost leases are not logged here: WithLock, Lock.Extend and
 // Lock.Unlock return them to the caller, and the asynqmutex middleware logs them.
 // Tokens are never logged. The default is slog.Default(), looked up when a record is
 // logged. Logger panics if l is nil.

@@ -11,8 +11,9 @@
 -- {}, server time}, as inspect.lua does, followed by the value after when the lock was
 -- handed to a waiter (false otherwise). When nobody held the lock nothing changes.
 --
--- Afterwards the old holder's token holds nothing: its Extend and Unlock find another
--- identity and fail, and every later holder's fence is higher than its own.
+-- Afterwards the old holder's token holds nothing: its Extend finds another identity
+-- and fails, its Unlock returns 2 (see release.lua), and every later holder's fence is
+-- higher than its own.
 local v = redis.call('GET', KEYS[1])
 local before = {v, redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[2]), {}, redis.call('TIME'), false}
 if not v or string.byte(v, 17) == 114 then
@@ -23,9 +24,17 @@ if #v < 37 or (state ~= 104 and state ~= 119) then -- not of our form: set by ha
   redis.call('DEL', KEYS[1])
   return before
 end
-if state == 119 and handOver(KEYS[1], KEYS[2], v, ARGV[1], ARGV[2], ARGV[3]) then
-  before[6] = redis.call('GET', KEYS[1])
-  return before
+-- The next value names the old holder, marked, as the previous one: its release
+-- then learns that it was released by force (see release.lua).
+local old = '!' .. holder(v)
+local last = v
+if state == 119 then
+  local given
+  given, last = handOver(KEYS[1], KEYS[2], v, old, ARGV[2], ARGV[3])
+  if given then
+    before[6] = redis.call('GET', KEYS[1])
+    return before
+  end
 end
-redis.call('SET', KEYS[1], tombstone(v, ARGV[1]), 'PX', ARGV[4])
+redis.call('SET', KEYS[1], tombstone(last, ARGV[1], old), 'PX', ARGV[4])
 return before

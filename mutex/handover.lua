@@ -1,27 +1,30 @@
 -- handover.lua: what release.lua and force.lua share after common.lua.
 
--- handOver gives the lock, whose value is v and which identity id releases, to the
--- oldest waiter in queue q whose client is listening: the waiter's entry is taken out,
+-- handOver gives the lock, whose value is v, to the oldest waiter in queue q whose client is listening: the waiter's entry is taken out,
 -- the lock is set to its identity with a new fence and its own lease, and its client
 -- gets "<waiter> <fence>" on channel chan .. <client>. When no subscriber received
 -- that (the client died or is reconnecting), the next waiter is tried, so dead waiters
 -- cannot swallow a release; the waiter passed over tries again by itself once it
 -- listens again. PUBLISH counts every subscriber only when counts is "1" (not in
--- Redis Cluster, where it counts those of one node). Returns true when a waiter got
--- the lock, false when nobody was left.
-local function handOver(lock, q, v, id, chan, counts)
+-- Redis Cluster, where it counts those of one node). The new value names prev as the
+-- previous holder (see common.lua). Entries of another form, or with a lease that is
+-- not a positive number, are dropped. Returns true when a waiter got the lock; false
+-- when nobody was left, and the last value given to a waiter nobody heard (or v), so
+-- that the tombstone keeps the highest fence.
+local function handOver(lock, q, v, prev, chan, counts)
   while true do
     local e = redis.call('LPOP', q)
     if not e then
-      return false
+      return false, v
     end
     local dot = string.find(e, '.', 1, true)
     local s1 = string.find(e, ' ', 1, true)
     local s2 = s1 and string.find(e, ' ', s1 + 1, true)
-    if dot and s2 and dot < s1 then
+    local lease = s2 and tonumber(string.sub(e, s1 + 1, s2 - 1))
+    if dot and lease and dot < s1 and lease > 0 then
       local f, now = nextFence(v)
-      local nv = value(f, 'w', now, string.sub(e, s2 + 1), id)
-      redis.call('SET', lock, nv, 'PX', string.sub(e, s1 + 1, s2 - 1))
+      local nv = value(f, 'w', now, string.sub(e, s2 + 1), prev)
+      redis.call('SET', lock, nv, 'PX', lease)
       local got = redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1),
         string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.sub(nv, 1, 16))
       if got > 0 or counts ~= '1' then
@@ -32,7 +35,8 @@ local function handOver(lock, q, v, id, chan, counts)
   end
 end
 
--- tombstone is what a release by identity id leaves of value v.
-local function tombstone(v, id)
-  return string.sub(v, 1, 16) .. 'r' .. string.sub(v, 18, 33) .. id .. '0000'
+-- tombstone is what a release by identity id leaves of value v, naming prev as the
+-- previous holder.
+local function tombstone(v, id, prev)
+  return string.sub(v, 1, 16) .. 'r' .. string.sub(v, 18, 33) .. id .. '0000' .. prev
 end

@@ -49,8 +49,8 @@ func (h Holder) String() string {
 // script call. It is a snapshot: the lock may have changed hands by the time it is read.
 type Info struct {
 	// Key is the caller's key, decoded from the Redis key. For a key longer than 256
-	// bytes the Redis key holds only its first 64 bytes and a digest, and Key is that
-	// (Digested is then true).
+	// bytes once escaped, the Redis key holds only its first 64 bytes and a digest,
+	// and Key is those 64 bytes (Digested is then true): not a key to pass back.
 	Key      string
 	Digested bool
 	// RedisKey is the Redis key of the lock; its queue of waiters is RedisKey + ":wait".
@@ -129,11 +129,12 @@ func cutCounted(s string) (text, rest string, ok bool) {
 	return s[idLenDigits : idLenDigits+n], s[idLenDigits+n:], true
 }
 
-// parseDescription reads what describe wrote.
+// parseDescription reads what describe wrote; anything else (a value of an older
+// format, whose tail may be a token) describes nobody.
 func parseDescription(d string) Holder {
 	f := strings.SplitN(d, "\t", 4)
-	for len(f) < 4 {
-		f = append(f, "")
+	if len(f) < 4 {
+		return Holder{}
 	}
 	pid, _ := strconv.Atoi(f[1])
 	return Holder{Host: f[0], PID: pid, Name: f[2], ID: f[3]}
@@ -172,7 +173,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
 // info reads inspect.lua's reply about the lock at Redis key rkey.
 func (c *Client) info(rkey string, res []any) (Info, error) {
 	if len(res) < 5 {
-		return Info{}, fmt.Errorf("mutex: inspect: unexpected reply %v", res)
+		return Info{}, fmt.Errorf("mutex: inspect %s: unexpected reply %v", shortkey.Quote(rkey), res)
 	}
 	in := Info{RedisKey: rkey}
 	in.Key, in.Digested = c.keyOf(rkey)
@@ -229,11 +230,12 @@ func (c *Client) keyOf(rkey string) (key string, digested bool) {
 	if i := strings.IndexByte(enc, '#'); i >= 0 {
 		enc, digested = enc[:i], true
 	}
-	for code, raw := range map[string]string{"%7B": "{", "%7D": "}", "%23": "#", "%25": "%"} {
-		enc = strings.ReplaceAll(enc, code, raw)
-	}
-	return enc, digested
+	return keyUnescaper.Replace(enc), digested
 }
+
+// keyUnescaper undoes keyEscapes in one pass from left to right, so that an escaped
+// '%' is never read as the start of another escape.
+var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23", "#")
 
 // List yields every lock key of the Client's prefix that is held, in no particular
 // order, reading them SCAN batch by batch with one pipelined script call per batch
@@ -299,7 +301,7 @@ func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, yield func
 			for i, cmd := range cmds {
 				res, err := cmd.Slice()
 				if err != nil {
-					return err
+					return fmt.Errorf("%s: %w", shortkey.Quote(keys[i]), err)
 				}
 				in, err := c.info(keys[i], res)
 				if err != nil {

@@ -2,6 +2,7 @@ package mutex
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -89,7 +90,7 @@ func TestHeldByIsBounded(t *testing.T) {
 		ctx := context.Background()
 		key := uniqueKey(t)
 		long := strings.Repeat("x", 5000)
-		l, err := c.TryLock(ctx, key, time.Minute, HeldBy("a\tb\nc"+long, long))
+		l, err := c.TryLock(ctx, key, time.Minute, HeldBy("a\tb\nc"+long, strings.Repeat("\xff", 99)))
 		require.NoError(t, err)
 		defer l.Unlock(ctx)
 		in, err := c.Inspect(ctx, key)
@@ -252,4 +253,112 @@ func TestListOnCluster(t *testing.T) {
 	}
 	assert.Equal(t, want, got)
 	assert.Equal(t, len(want), n)
+}
+
+func TestKeysDecodeExactly(t *testing.T) {
+	c := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	for range 50 { // an order-dependent decoding fails some of the time
+		for _, key := range []string{"a%7Bb", "%2523", "{x}#%", "%%7D{%23}", "plain"} {
+			got, digested := c.keyOf(c.redisKey(key))
+			require.Equal(t, key, got)
+			require.False(t, digested)
+		}
+	}
+	long := strings.Repeat("%7B", 200)
+	got, digested := c.keyOf(c.redisKey(long))
+	assert.True(t, digested)
+	assert.True(t, strings.HasPrefix(long, got), "the readable head of %q", got)
+}
+
+func TestForceReleaseIsALostLeaseForWithLock(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		for _, next := range []string{"nobody", "a newcomer"} {
+			var r recorder
+			c := New(b.rdb, Observe(r.observe))
+			ctx := context.Background()
+			key := uniqueKey(t)
+			var newcomer *Lock
+			err := c.WithLock(ctx, key, time.Minute, func(ctx context.Context) error {
+				_, err := c.ForceRelease(ctx, key)
+				require.NoError(t, err)
+				if next == "a newcomer" {
+					newcomer, err = c.TryLock(ctx, key, time.Minute)
+					require.NoError(t, err)
+				}
+				return nil // fn ends well inside its lease, before any renewal
+			})
+			require.ErrorIs(t, err, ErrNotHeld, "then %s: the release learns of the force release", next)
+			assert.ErrorContains(t, err, "released by force")
+			got := ops(r.take())
+			assert.Contains(t, got, OpLeaseLost, "then %s", next)
+			assert.NotContains(t, got, OpReleased, "then %s", next)
+			if newcomer != nil {
+				require.NoError(t, newcomer.Unlock(ctx), "the newcomer's lock is untouched")
+			}
+		}
+	})
+}
+
+func TestLockEndsOnce(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		var r recorder
+		c := New(b.rdb, Observe(r.observe))
+		ctx := context.Background()
+		l, err := c.TryLock(ctx, uniqueKey(t), time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, l.Unlock(ctx))
+		require.NoError(t, l.Unlock(ctx), "a repeat finds its own tombstone")
+		b.expire(t, c.redisKey(l.Key()))
+		assert.ErrorIs(t, l.Unlock(ctx), ErrNotHeld)
+		assert.Equal(t, []Op{OpAcquired, OpReleased}, ops(r.take()), "released once, never lost after")
+	})
+}
+
+func TestReleaseDropsMalformedQueueEntries(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		c := New(b.rdb)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		l, err := c.TryLock(ctx, key, time.Minute)
+		require.NoError(t, err)
+		q := c.redisKey(key) + waitSuffix
+		// Entries no lock.lua writes: no lease, a zero, a negative and a word.
+		for _, e := range []string{"x", "c.1 0 0003abc0000", "c.2 -5 0003abc0000", "c.3 soon 0003abc0000", "nodot 100 0003abc0000"} {
+			require.NoError(t, b.admin.RPush(ctx, q, e).Err())
+		}
+		v, err := b.admin.Get(ctx, c.redisKey(key)).Result()
+		require.NoError(t, err)
+		require.NoError(t, b.admin.Set(ctx, c.redisKey(key), v[:16]+"w"+v[17:], time.Minute).Err())
+		require.NoError(t, l.Unlock(ctx), "the release passes over what it cannot hand the lock to")
+		n, err := b.admin.LLen(ctx, q).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		next, err := c.TryLock(ctx, key, time.Minute)
+		require.NoError(t, err, "the lock is free")
+		assert.Greater(t, next.Fence(), l.Fence())
+		require.NoError(t, next.Unlock(ctx))
+	})
+}
+
+func TestReleaseFailureIsObserved(t *testing.T) {
+	b := realBackend(t)
+	rdb := redis.NewClient(&redis.Options{Addr: b.rdb.Options().Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	var (
+		r    recorder
+		hook failAll
+		buf  syncBuffer
+	)
+	rdb.AddHook(&hook)
+	c := New(rdb, Observe(r.observe), Logger(slog.New(slog.NewTextHandler(&buf, nil))))
+	err := c.WithLock(context.Background(), uniqueKey(t), time.Minute, func(context.Context) error {
+		hook.on.Store(true)
+		return nil
+	}, HeldBy("pay", "t1"))
+	hook.on.Store(false)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrNotHeld)
+	assert.Equal(t, []Op{OpAcquired, OpReleaseFailed}, ops(r.take()))
+	assert.Contains(t, buf.String(), "level=WARN msg=\"mutex: releasing a lock got no answer")
+	assert.Contains(t, buf.String(), "name=pay id=t1")
 }

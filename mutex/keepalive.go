@@ -67,7 +67,12 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 		uerr := l.unlock(rctx)
 		rcancel()
 		if errors.Is(uerr, ErrNotHeld) {
-			if sent.Before(l.validUntil()) {
+			if errors.Is(uerr, errForced) {
+				if leaseErr == nil {
+					leaseErr = uerr // fn ran on while an operator took the lock away
+				}
+				uerr = nil
+			} else if sent.Before(l.validUntil()) {
 				// Sent inside a valid lease: the release was applied before, its reply
 				// lost, and the key has changed hands since. fn ran under the lock.
 				uerr = nil
@@ -80,6 +85,11 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 			l.emit(ctx, OpLeaseLost, leaseErr)
 		case uerr == nil:
 			l.emit(ctx, OpReleased, nil)
+		default:
+			l.emit(ctx, OpReleaseFailed, uerr)
+			l.c.log().LogAttrs(ctx, slog.LevelWarn, "mutex: releasing a lock got no answer; it frees itself when its lease runs out",
+				slog.String("key", shortkey.Shorten(l.key)), slog.String("name", l.by.name), slog.String("id", l.by.id),
+				slog.String("error", uerr.Error()))
 		}
 		switch {
 		case leaseErr != nil:

@@ -56,6 +56,13 @@ if ARGV[4] == '1' then
   redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5])
   state = 'w' -- others may be queued behind us
 end
+-- The releaser becomes the previous holder, unless the tombstone is of a release by
+-- force: then its mark of the old holder is kept (see common.lua).
+local prev = ''
+if v then
+  local id, p = holder(v)
+  prev = string.byte(p, 1) == 33 and p or id
+end
 local f, now = nextFence(v)
-redis.call('SET', KEYS[1], value(f, state, now, ARGV[1] .. ARGV[5], v and holder(v) or ''), 'PX', ARGV[2])
+redis.call('SET', KEYS[1], value(f, state, now, ARGV[1] .. ARGV[5], prev), 'PX', ARGV[2])
 return {f, 0}

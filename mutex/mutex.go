@@ -214,7 +214,8 @@ func Token(s string) LockOption {
 // and id which one (the asynqmutex middleware passes the task type and the task ID).
 // They are stored in the lock's value with the host name and process ID, shown by
 // Inspect and the asynqmutex command, and passed in every Event of the acquisition.
-// Each is cut to 100 bytes (with a digest past 64), tabs and newlines become spaces.
+// Each is cut to 100 bytes (with a digest past 64); tabs and newlines become spaces,
+// bytes that are not UTF-8 U+FFFD.
 // Without HeldBy a lock records only host and process. They cost no extra round trip.
 func HeldBy(name, id string) LockOption {
 	b := heldBy{name: cleanField(name), id: cleanField(id)}
@@ -234,7 +235,7 @@ type Lock struct {
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
-	lost  bool      // OpLeaseLost was reported
+	ended bool      // OpReleased or OpLeaseLost was reported
 }
 
 // Key returns the key the lock was taken on, as the caller gave it.
@@ -319,9 +320,10 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 }
 
 // Unlock releases the lock, handing it to the waiter, of any Client, queued longest.
-// It returns an error wrapping ErrNotHeld when the lease had expired or another
-// token holds the key (then nothing changes), and a wrapped Redis error when Redis
-// cannot be reached (then the key frees itself when the lease runs out).
+// It returns an error wrapping ErrNotHeld when the lease had expired, another token
+// holds the key, or ForceRelease took it (then nothing changes), and a wrapped Redis
+// error when Redis cannot be reached (then the key frees itself when the lease runs
+// out).
 //
 // Repeating an Unlock that succeeded returns nil while the key is free (for 10s) or
 // held by the waiter it was handed to, or by whoever took it next: that is how a
@@ -339,20 +341,23 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		l.emit(ctx, OpReleased, nil)
 	case errors.Is(err, ErrNotHeld):
 		l.emit(ctx, OpLeaseLost, err)
+	default:
+		l.emit(ctx, OpReleaseFailed, err)
 	}
 	return err
 }
 
-// emit reports op on l to the Client's observers, with how long l has been held;
-// OpLeaseLost only the first time.
+// emit reports op on l to the Client's observers, with how long l has been held.
+// Of OpReleased and OpLeaseLost only the first is reported: a lock ends once,
+// however many calls find out.
 func (l *Lock) emit(ctx context.Context, op Op, err error) {
 	if l.c.observe == nil {
 		return
 	}
-	if op == OpLeaseLost {
+	if op == OpReleased || op == OpLeaseLost {
 		l.mu.Lock()
-		again := l.lost
-		l.lost = true
+		again := l.ended
+		l.ended = true
 		l.mu.Unlock()
 		if again {
 			return
@@ -367,11 +372,17 @@ func (l *Lock) unlock(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
 	}
-	if n == 0 {
+	switch n {
+	case 0:
 		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), ErrNotHeld)
+	case 2:
+		return fmt.Errorf("mutex: unlock %s: %w: %w", shortkey.Quote(l.key), errForced, ErrNotHeld)
 	}
 	return nil
 }
+
+// errForced is why an Unlock finds the lock gone when ForceRelease took it.
+var errForced = errors.New("the lock was released by force (ForceRelease) while held")
 
 // validUntil is when the lease ends on our own clock, allowing for drift between
 // our clock and Redis's.
@@ -540,14 +551,19 @@ func (c *Client) describe(name, id string) string {
 	return identity(c.self + name + "\t" + id)
 }
 
-// cleanField makes s fit a description: at most 100 bytes, and no tab or newline.
+// cleanField makes s fit a description: valid UTF-8 (other bytes become U+FFFD), no
+// tab or newline, at most 100 bytes (shortened with a digest of s).
 func cleanField(s string) string {
-	return strings.Map(func(r rune) rune {
+	c := strings.Map(func(r rune) rune {
 		if r == '\t' || r == '\n' || r == '\r' {
 			return ' '
 		}
 		return r
 	}, shortkey.Shorten(s))
+	if len(c) > shortkey.Max { // invalid bytes grew into three-byte U+FFFDs
+		c = shortkey.Shorten(c)
+	}
+	return c
 }
 
 func hostname() string {

@@ -12,8 +12,9 @@
 --            counts those of this node only)
 -- ARGV[5] -> how long the tombstone of a release stays, in milliseconds
 --
--- Returns 1 when released, 0 when the key is gone or holds another token (then the
--- lock is not touched).
+-- Returns 1 when released, 0 when the key is gone or holds another token, 2 when our
+-- lock was released by force (force.lua) since; in both of the latter cases the lock
+-- is not touched.
 --
 -- A release that finds its own tombstone, or finds the lock handed over by itself
 -- (the previous holder), returns 1 again: it was applied already and its reply lost.
@@ -28,19 +29,24 @@ if not v then
 end
 local state = string.byte(v, 17)
 if not ours(v, ARGV[1]) then
-  if ARGV[2] == '' and state ~= 114 then
-    local _, prev = holder(v)
-    if prev == ARGV[1] then
-      return 1
-    end
+  local _, prev = holder(v)
+  if prev == '!' .. ARGV[1] then
+    return 2
+  end
+  if ARGV[2] == '' and state ~= 114 and prev == ARGV[1] then
+    return 1
   end
   return 0
 end
 if state == 114 then
   return 1
 end
-if state == 119 and handOver(KEYS[1], KEYS[2], v, ARGV[1], ARGV[3], ARGV[4]) then -- "w"
-  return 1
+if state == 119 then -- "w"
+  local given
+  given, v = handOver(KEYS[1], KEYS[2], v, ARGV[1], ARGV[3], ARGV[4])
+  if given then
+    return 1
+  end
 end
-redis.call('SET', KEYS[1], tombstone(v, ARGV[1]), 'PX', ARGV[5])
+redis.call('SET', KEYS[1], tombstone(v, ARGV[1], ''), 'PX', ARGV[5])
 return 1

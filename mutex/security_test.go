@@ -31,10 +31,14 @@ import (
 // aclRules are the only permissions the library needs, for the default prefix: its
 // keys and channels, the script commands, the commands the scripts call, and what
 // go-redis sends on connecting and subscribing. The README quotes them.
-const aclRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
+const aclRules = workerACLRules + " +lrange +llen +scan +del" // those for Inspect, List and ForceRelease only
+
+// workerACLRules are what a worker needs: locking, waiting, renewing, releasing.
+const workerACLRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
-	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish " +
-	"+lrange +llen +scan +del" // Inspect, List and ForceRelease only
+	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish"
+
+const workerUser = "worker"
 
 // certDir holds the shared server's certificates; TestMain removes it.
 var certDir string
@@ -72,13 +76,15 @@ func startSharedServer() (*redistest.Server, error) {
 	}
 	admin := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	defer admin.Close()
-	args := []any{"ACL", "SETUSER", aclUser, "reset", "on", ">" + aclPassword}
-	for _, r := range strings.Fields(aclRules) {
-		args = append(args, r)
-	}
-	if err := admin.Do(context.Background(), args...).Err(); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("ACL SETUSER: %w", err)
+	for user, rules := range map[string]string{aclUser: aclRules, workerUser: workerACLRules} {
+		args := []any{"ACL", "SETUSER", user, "reset", "on", ">" + aclPassword}
+		for _, r := range strings.Fields(rules) {
+			args = append(args, r)
+		}
+		if err := admin.Do(context.Background(), args...).Err(); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("ACL SETUSER %s: %w", user, err)
+		}
 	}
 	tlsPort, tlsCA = port, pool
 	return s, nil
@@ -228,4 +234,29 @@ func TestErrorsBounded(t *testing.T) {
 		assert.Less(t, len(err.Error()), 400, "error %d: %.200q", i, err)
 		assert.Contains(t, err.Error(), "sha256:", "error %d names the key by a digest", i)
 	}
+}
+
+func TestWorkerACLSuffices(t *testing.T) {
+	// What the README tells workers to grant: lock, wait (a hand-over), renew,
+	// release; and Inspect needs more.
+	sharedServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: workerUser, Password: aclPassword})
+	t.Cleanup(func() { rdb.Close() })
+	c := New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	key := uniqueKey(t)
+	l, err := c.TryLock(ctx, key, time.Minute)
+	require.NoError(t, err)
+	got := lockThenUnlock(c, key)
+	waitForWaiters(t, backend{admin: sharedServer(t)}, c, key, 1)
+	require.NoError(t, l.Extend(ctx, time.Minute))
+	require.NoError(t, l.Unlock(ctx))
+	require.NoError(t, <-got, "handed over and released")
+	require.NoError(t, c.WithLock(ctx, key, 60*time.Millisecond, func(ctx context.Context) error {
+		time.Sleep(100 * time.Millisecond) // a renewal or two
+		return ctx.Err()
+	}))
+	_, err = c.Inspect(ctx, key)
+	assert.ErrorContains(t, err, "can't run this command", "inspection needs the operator's rules")
 }

@@ -149,8 +149,9 @@ func release(ctx context.Context, locks *mutex.Client, key string, p *printer, s
 		fmt.Fprintf(p.w, "Now free; the next holder's fence will be higher than %d.\n", before.Fence)
 	}
 	fmt.Fprintf(p.w, "The previous holder can no longer extend or release it: its Extend and Unlock return\n"+
-		"ErrNotHeld, and under WithLock or the middleware its work is cancelled at its next renewal.\n"+
-		"Until then it may still write: a resource that checks fences rejects fence %d.\n", before.Fence)
+		"ErrNotHeld. Under WithLock or the middleware its work is cancelled at its next renewal,\n"+
+		"or reported as a lost lease if it ends first. Until then it may still write: a resource\n"+
+		"that checks fences rejects fence %d.\n", before.Fence)
 	return nil
 }
 
@@ -172,7 +173,7 @@ type lockJSON struct {
 	HeldForMS   *int64       `json:"held_for_ms"`
 	LeaseLeftMS *int64       `json:"lease_left_ms"` // -1: no expiry
 	Fence       int64        `json:"fence"`
-	Waiting     *int         `json:"waiting"`           // null in release's before: not known
+	Waiting     int          `json:"waiting"`
 	Waiters     []holderJSON `json:"waiters,omitempty"` // show only
 }
 
@@ -200,7 +201,7 @@ type releaseJSON struct {
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
 	j := lockJSON{
 		Key: in.Key, Digested: in.Digested, RedisKey: in.RedisKey, Held: in.Held, Foreign: in.Foreign,
-		Fence: in.Fence, Waiting: &in.Waiting,
+		Fence: in.Fence, Waiting: in.Waiting,
 	}
 	if in.Holder != (mutex.Holder{}) {
 		h := holderJSON(in.Holder)

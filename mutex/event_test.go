@@ -169,17 +169,19 @@ func (h *failAll) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func TestRenewFailedIsObservedAndLogged(t *testing.T) {
+// observedFailingClient is a Client of a real redis-server whose commands fail while
+// hook is on, with its events recorded in r and its logs in buf.
+func observedFailingClient(t *testing.T) (c *Client, hook *failAll, r *recorder, buf *syncBuffer) {
 	b := realBackend(t)
 	rdb := redis.NewClient(&redis.Options{Addr: b.rdb.Options().Addr, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	var (
-		r    recorder
-		buf  syncBuffer
-		hook failAll
-	)
-	rdb.AddHook(&hook)
-	c := New(rdb, Observe(r.observe), Logger(slog.New(slog.NewTextHandler(&buf, nil))))
+	hook, r, buf = &failAll{}, &recorder{}, &syncBuffer{}
+	rdb.AddHook(hook)
+	return New(rdb, Observe(r.observe), Logger(slog.New(slog.NewTextHandler(buf, nil)))), hook, r, buf
+}
+
+func TestRenewFailedIsObservedAndLogged(t *testing.T) {
+	c, hook, r, buf := observedFailingClient(t)
 	l := (*Lock)(nil)
 	err := c.WithLock(context.Background(), uniqueKey(t), 300*time.Millisecond, func(ctx context.Context) error {
 		l, _ = FromContext(ctx)

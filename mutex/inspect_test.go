@@ -2,7 +2,6 @@ package mutex
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -341,16 +340,7 @@ func TestReleaseDropsMalformedQueueEntries(t *testing.T) {
 }
 
 func TestReleaseFailureIsObserved(t *testing.T) {
-	b := realBackend(t)
-	rdb := redis.NewClient(&redis.Options{Addr: b.rdb.Options().Addr, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
-	var (
-		r    recorder
-		hook failAll
-		buf  syncBuffer
-	)
-	rdb.AddHook(&hook)
-	c := New(rdb, Observe(r.observe), Logger(slog.New(slog.NewTextHandler(&buf, nil))))
+	c, hook, r, buf := observedFailingClient(t)
 	err := c.WithLock(context.Background(), uniqueKey(t), time.Minute, func(context.Context) error {
 		hook.on.Store(true)
 		return nil

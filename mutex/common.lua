@@ -13,10 +13,11 @@
 --   then         what the holder says about itself for people (host, process, task):
 --                its length in 4 decimal digits, then the text; scripts never read it;
 --   the rest     the identity of the holder that handed the lock over, or nothing, so
---                that its release, repeated after a lost reply, is recognised; or "!"
---                and the identity of a holder whose lock was released by force
---                (force.lua), kept by the next holder too, so that the old holder's
---                release learns what happened.
+--                that its release, repeated after a lost reply, is recognised; or "!",
+--                the identity of a holder whose lock was released by force and that
+--                of the force release (force.lua), kept by the next holder too, so
+--                that the old holder's release learns what happened. An identity
+--                starts with its length, so neither can be read as a longer one.
 -- Callers pass their identity in the same form, so "our token holds it" is one
 -- comparison. A value of another form (set by hand) is held by nobody we know.
 --

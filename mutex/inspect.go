@@ -339,6 +339,10 @@ type Released struct {
 	// waiter recorded about itself; 0 and empty when the lock became free.
 	Fence    int64
 	HandedTo Holder
+	// Repeated reports that Redis had already applied this call: its reply was lost
+	// and go-redis sent it again. Then Before, Fence and HandedTo are not known (Before
+	// is zero but for its keys), and the repeat changed nothing.
+	Repeated bool
 }
 
 // ForceRelease frees the lock on key whoever holds it, for an operator unsticking a
@@ -349,7 +353,9 @@ type Released struct {
 // its own, so a resource that checks fences rejects its late writes. A value not of
 // this package's form (set by hand) is deleted.
 //
-// A wrapped Redis error means nothing is known; it is safe to repeat. Safe for
+// A wrapped Redis error means nothing is known. A call whose reply was lost and that
+// go-redis sent again recognises its own release (Repeated) and changes nothing more:
+// it never takes the lock from the waiter it was handed to. Safe for
 // concurrent use.
 func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error) {
 	if key == "" {
@@ -358,13 +364,14 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error)
 	rkey := c.redisKey(key)
 	res, err := forceScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
 		identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
-	if err == nil && len(res) != 6 {
+	if err == nil && len(res) != 7 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
 		return Released{}, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)
 	}
 	var r Released
+	r.Repeated = res[6] == int64(1)
 	if r.Before, err = c.info(rkey, res); err != nil {
 		return Released{}, err
 	}

@@ -352,3 +352,40 @@ func TestReleaseFailureIsObserved(t *testing.T) {
 	assert.Contains(t, buf.String(), "level=WARN msg=\"mutex: releasing a lock got no answer")
 	assert.Contains(t, buf.String(), "name=pay id=t1")
 }
+
+func TestForceReleaseRetriedAfterLostReply(t *testing.T) {
+	// The force release's reply is lost and go-redis sends it again: the repeat must
+	// recognise its own work, not force-release the waiter the lock was handed to,
+	// nor report that nobody held the key.
+	rdb, p, _, c := throughProxy(t)
+	direct := New(rdb)
+	defer direct.Close()
+	ctx := context.Background()
+	for _, waiting := range []bool{false, true} {
+		key := uniqueKey(t)
+		old, err := direct.TryLock(ctx, key, time.Minute)
+		require.NoError(t, err)
+		got := make(chan *Lock, 1)
+		if waiting {
+			go func() {
+				w, err := direct.Lock(ctx, key, time.Minute, MaxWait(20*time.Second))
+				assert.NoError(t, err)
+				got <- w
+			}()
+			waitForWaiters(t, backend{admin: rdb}, direct, key, 1)
+		}
+		dropped := p.Dropped()
+		p.DropReplies(1)
+		r, err := c.ForceRelease(ctx, key)
+		require.NoError(t, err, "waiting %v", waiting)
+		assert.Equal(t, dropped+1, p.Dropped(), "a reply was dropped")
+		assert.True(t, r.Repeated, "waiting %v: the retry found its own release", waiting)
+		assert.ErrorIs(t, old.Extend(ctx, time.Minute), ErrNotHeld)
+		if waiting {
+			w := <-got
+			require.NotNil(t, w)
+			require.NoError(t, w.Extend(ctx, time.Minute), "the waiter's lock survives the repeat")
+			require.NoError(t, w.Unlock(ctx))
+		}
+	}
+}

@@ -30,7 +30,7 @@ end
 local state = string.byte(v, 17)
 if not ours(v, ARGV[1]) then
   local _, prev = holder(v)
-  if prev == '!' .. ARGV[1] then
+  if string.sub(prev, 1, #ARGV[1] + 1) == '!' .. ARGV[1] then -- "!" .. ours .. forcer's
     return 2
   end
   if ARGV[2] == '' and state ~= 114 and prev == ARGV[1] then

@@ -116,6 +116,15 @@ func release(ctx context.Context, locks *mutex.Client, key string, p *printer, s
 		return err
 	}
 	before, handedTo := r.Before, r.Fence
+	if r.Repeated {
+		// The request was sent again after its reply was lost, and found its own work.
+		if p.json {
+			return p.encode(releaseJSON{Key: key, RedisKey: before.RedisKey, Released: true, Repeated: true, Before: p.lockJSON(before, false)})
+		}
+		_, err := fmt.Fprintf(p.w, "Released %s. The reply was lost and the request sent again, which found the release done;\n"+
+			"who held it and where it went are not known: run 'asynqmutex show' to see who holds it now.\n", quoteKey(key))
+		return err
+	}
 	if p.json {
 		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.lockJSON(before, false)}
 		if before.Held {
@@ -196,6 +205,9 @@ type releaseJSON struct {
 	HandedTo      *holderJSON `json:"handed_to"`
 	HandedToFence *int64      `json:"handed_to_fence"`
 	Free          bool        `json:"free"`
+	// Repeated: the request was sent again after its reply was lost and found its own
+	// release applied; before, handed_to and free are then not known.
+	Repeated bool `json:"repeated"`
 }
 
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {

@@ -2,19 +2,11 @@ package mutex
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,7 +48,7 @@ func startSharedServer() (*redistest.Server, error) {
 		return nil, err
 	}
 	certDir = dir
-	pool, err := writeCerts(dir)
+	pool, err := redistest.WriteCerts(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -64,13 +56,7 @@ func startSharedServer() (*redistest.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := redistest.StartProcess(
-		"--tls-port", strconv.Itoa(port),
-		"--tls-cert-file", filepath.Join(dir, "server.pem"),
-		"--tls-key-file", filepath.Join(dir, "server.key"),
-		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"),
-		"--tls-auth-clients", "no",
-	)
+	s, err := redistest.StartProcess(redistest.TLSArgs(dir, port)...)
 	if err != nil {
 		return nil, err
 	}
@@ -105,64 +91,6 @@ func tlsClient(t *testing.T) *redis.Client {
 	})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
-}
-
-// writeCerts writes a CA and a server certificate for 127.0.0.1 into dir.
-func writeCerts(dir string) (*x509.CertPool, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	ca := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "asynqmutex test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	for name, block := range map[string]*pem.Block{
-		"ca.pem":     {Type: "CERTIFICATE", Bytes: caDER},
-		"server.pem": {Type: "CERTIFICATE", Bytes: leafDER},
-		"server.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
-			return nil, err
-		}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
-	return pool, nil
 }
 
 func TestACLConfinesTheUser(t *testing.T) {

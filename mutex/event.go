@@ -81,6 +81,9 @@ type Event struct {
 	// Key is the lock's key as the caller gave it; empty for the wake-up operations.
 	// It can be long and unbounded in number: never use it as a metric label.
 	Key string
+	// Keys are all the keys of a lock taken on several (see Client.LockKeys), in the
+	// caller's order, Key being the first; nil for a lock on one key. Do not modify.
+	Keys []string
 	// Name and ID are what the holder said about itself with HeldBy: for the
 	// asynqmutex middleware, the task type and the task ID.
 	Name, ID  string

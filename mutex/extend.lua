@@ -1,14 +1,19 @@
--- extend.lua: reset the lease of a lock our token holds.
+-- extend.lua: reset the lease of locks our token holds.
 --
--- KEYS[1] -> <prefix>{<key>}  the lock (see common.lua for its value)
+-- KEYS    -> <prefix>{<key>} of each lock (see common.lua for its value): one, or
+--            several held as one (in Redis Cluster the caller sends one per call)
 -- ARGV[1] -> identity of the holder: its token's length in 4 digits, then the token
 -- ARGV[2] -> new lease in milliseconds (replaces the remaining one)
 --
--- Returns 1 when extended, 0 when the key is gone or holds another token (then
+-- Returns 1 when extended, 0 when a key is gone or holds another token (then
 -- nothing changes). Safe to repeat.
-local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 17) ~= 114 and ours(v, ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  if not v or string.byte(v, 17) == 114 or not ours(v, ARGV[1]) then
+    return 0
+  end
 end
-return 0
+for i = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return 1

@@ -39,7 +39,7 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // since) is not an error.
 // No goroutine outlives the call. It is safe for concurrent use; fn must honour its
 // context to benefit from the cancellation.
-func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) (err error) {
+func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) error {
 	if fn == nil {
 		return errors.New("mutex: WithLock with nil fn")
 	}
@@ -47,6 +47,12 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 	if err != nil {
 		return err
 	}
+	return c.withLock(ctx, a, fn)
+}
+
+// withLock is WithLock for acquisition a.
+func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.Context) error) (err error) {
+	ttl := a.ttl
 	a.renewed = true
 	l, err := c.acquire(ctx, a)
 	if err != nil {
@@ -77,7 +83,7 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 				// lost, and the key has changed hands since. fn ran under the lock.
 				uerr = nil
 			} else if leaseErr == nil {
-				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", shortkey.Quote(key), ErrNotHeld)
+				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", l.shown, ErrNotHeld)
 			}
 		}
 		switch {
@@ -152,7 +158,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 				lastErr = nil
 				next = sent.Add(every)
 			case errors.Is(err, ErrNotHeld):
-				err = fmt.Errorf("mutex: lease on %s lost: %w", shortkey.Quote(l.key), ErrNotHeld)
+				err = fmt.Errorf("mutex: lease on %s lost: %w", l.shown, ErrNotHeld)
 				cancel(err)
 				return err
 			case ctx.Err() != nil:
@@ -174,7 +180,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		now := time.Now()
 		until := l.validUntil()
 		if !now.Before(until) {
-			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", shortkey.Quote(l.key), ErrNotHeld)
+			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.shown, ErrNotHeld)
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}

@@ -1,19 +1,24 @@
--- lock.lua: take the lock if it is free, or confirm that it is already ours; when it
--- is not, queue the caller as a waiter to be handed the lock by a release.
+-- lock.lua: take the locks if they are free, or confirm that they are already ours;
+-- when one is not, queue the caller as its waiter, to be handed it by a release.
 --
--- KEYS[1] -> <prefix>{<key>}        the lock (see common.lua for its value); expires after the lease
--- KEYS[2] -> <prefix>{<key>}:wait   waiters: list of "<client>.<waiter> <lease ms> <identity><description>",
---                                   oldest first
+-- KEYS[2i-1] -> <prefix>{<key i>}        lock i (see common.lua for its value); expires after the lease
+-- KEYS[2i]   -> <prefix>{<key i>}:wait   its waiters: list of "<client>.<waiter> <lease ms> <identity><description>",
+--                                        oldest first
+-- One lock, or several taken as one, in the order given (the caller sorts them, so
+-- that everyone takes overlapping sets in one order).
 -- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
 -- ARGV[2] -> lease in milliseconds
--- ARGV[3] -> waiter to queue if the lock is busy, "<client>.<waiter> <lease ms>" (the lease a
+-- ARGV[3] -> waiter to queue if a lock is busy, "<client>.<waiter> <lease ms>" (the lease a
 --            release hands it), or "" to queue nobody
 -- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
 -- ARGV[5] -> the holder's description: its length in 4 digits, then the text
+-- ARGV[6] -> "1" to take all locks or none; otherwise the locks before a busy one are
+--            taken (kept, renewed) while the caller waits for it
 --
--- Both keys share the hash tag, so one Redis Cluster slot.
--- Returns {fence, 0} when the lock is ours, {0, pttl} when another token holds it
--- (pttl is -1 when the key has no expiry).
+-- A lock and its queue share a hash tag, so one Redis Cluster slot; several locks are
+-- in several slots, so in Redis Cluster the caller sends one lock per call.
+-- Returns {fence 1, ..., fence n} when all locks are ours, and {0, pttl, i} when lock i
+-- is the first that another token holds (pttl is -1 when the key has no expiry).
 --
 -- A key that already holds our token counts as ours (its lease is reset): a client
 -- that retried after a lost reply must not report "not obtained" while its first
@@ -25,44 +30,65 @@
 -- the lock (its client was not listening). The queue lives twice the holder's
 -- remaining lease plus a second past the last attempt that queued someone; a waiter
 -- tries again by itself when that lease runs out, which renews it.
-local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 17) ~= 114 then -- held ("r" is a tombstone)
-  if ours(v, ARGV[1]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    if ARGV[4] == '1' then
-      redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5])
+local function take(lock, q, id, ttl, head, queued, desc)
+  local v = redis.call('GET', lock)
+  if v and string.byte(v, 17) ~= 114 then -- held ("r" is a tombstone)
+    if ours(v, id) then
+      redis.call('PEXPIRE', lock, ttl)
+      if queued == '1' then
+        redis.call('LREM', q, 1, head .. ' ' .. id .. desc)
+      end
+      return tonumber(string.sub(v, 1, 16)), 0
     end
-    return {tonumber(string.sub(v, 1, 16)), 0}
+    local pttl = redis.call('PTTL', lock)
+    if head ~= '' then
+      local entry = head .. ' ' .. id .. desc
+      if queued ~= '1' or not redis.call('LPOS', q, entry) then
+        redis.call('RPUSH', q, entry)
+      end
+      redis.call('PEXPIRE', q, 2 * math.max(pttl, 1000) + 1000)
+      if string.byte(v, 17) == 104 then -- "h": a release must now look at the queue
+        redis.call('SET', lock, string.sub(v, 1, 16) .. 'w' .. string.sub(v, 18), 'KEEPTTL')
+      end
+    end
+    return 0, pttl
   end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if ARGV[3] ~= '' then
-    local entry = ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5]
-    if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
-      redis.call('RPUSH', KEYS[2], entry)
-    end
-    redis.call('PEXPIRE', KEYS[2], 2 * math.max(pttl, 1000) + 1000)
-    if string.byte(v, 17) == 104 then -- "h": a release must now look at the queue
-      redis.call('SET', KEYS[1], string.sub(v, 1, 16) .. 'w' .. string.sub(v, 18), 'KEEPTTL')
+  -- Free: absent, or a tombstone whose releaser we keep as the previous holder. The
+  -- queue is not looked at: waiters queued behind a holder whose lease ran out try
+  -- again by themselves as it runs out, and one that finds us holding the key marks it
+  -- "w" when it queues, so our release hands the lock on.
+  local state = 'h'
+  if queued == '1' then
+    redis.call('LREM', q, 1, head .. ' ' .. id .. desc)
+    state = 'w' -- others may be queued behind us
+  end
+  -- The releaser becomes the previous holder, unless the tombstone is of a release by
+  -- force: then its mark of the old holder is kept (see common.lua).
+  local prev = ''
+  if v then
+    local h, p = holder(v)
+    prev = string.byte(p, 1) == 33 and p or h
+  end
+  local f, now = nextFence(v)
+  redis.call('SET', lock, value(f, state, now, id .. desc, prev), 'PX', ttl)
+  return f, 0
+end
+
+local n = #KEYS / 2
+if ARGV[6] == '1' and n > 1 then
+  for i = 1, n do
+    local v = redis.call('GET', KEYS[2 * i - 1])
+    if v and string.byte(v, 17) ~= 114 and not ours(v, ARGV[1]) then
+      return {0, redis.call('PTTL', KEYS[2 * i - 1]), i}
     end
   end
-  return {0, pttl}
 end
--- Free: absent, or a tombstone whose releaser we keep as the previous holder. The
--- queue is not looked at: waiters queued behind a holder whose lease ran out try
--- again by themselves as it runs out, and one that finds us holding the key marks it
--- "w" when it queues, so our release hands the lock on.
-local state = 'h'
-if ARGV[4] == '1' then
-  redis.call('LREM', KEYS[2], 1, ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5])
-  state = 'w' -- others may be queued behind us
+local fences = {}
+for i = 1, n do
+  local f, pttl = take(KEYS[2 * i - 1], KEYS[2 * i], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  if f == 0 then
+    return {0, pttl, i}
+  end
+  fences[i] = f
 end
--- The releaser becomes the previous holder, unless the tombstone is of a release by
--- force: then its mark of the old holder is kept (see common.lua).
-local prev = ''
-if v then
-  local id, p = holder(v)
-  prev = string.byte(p, 1) == 33 and p or id
-end
-local f, now = nextFence(v)
-redis.call('SET', KEYS[1], value(f, state, now, ARGV[1] .. ARGV[5], prev), 'PX', ARGV[2])
-return {f, 0}
+return fences

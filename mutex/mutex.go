@@ -111,6 +111,10 @@ type Client struct {
 	// the subscribers of the node it ran on, so zero does not mean nobody listens.
 	countsSubscribers string
 
+	// oneNode is true unless rdb spreads keys over several servers (Cluster, Ring):
+	// then one script cannot reach the keys of several locks (see batches).
+	oneNode bool
+
 	self    string // "<host>\t<pid>\t": this process, recorded in every lock it takes (see Holder)
 	desc    string // describe("", ""): the description of a holder without HeldBy
 	observe func(context.Context, Event)
@@ -142,10 +146,13 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if rdb == nil {
 		panic("mutex.New: nil redis client")
 	}
-	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1",
+	c := &Client{rdb: rdb, prefix: DefaultPrefix, countsSubscribers: "1", oneNode: true,
 		self: hostname() + "\t" + strconv.Itoa(os.Getpid()) + "\t"}
-	if _, ok := rdb.(*redis.ClusterClient); ok {
-		c.countsSubscribers = "0"
+	switch rdb.(type) {
+	case *redis.ClusterClient:
+		c.countsSubscribers, c.oneNode = "0", false
+	case *redis.Ring:
+		c.oneNode = false
 	}
 	for _, o := range opts {
 		o.apply(c)
@@ -225,13 +232,17 @@ func HeldBy(name, id string) LockOption {
 // Lock is a held lock. Its methods are safe for concurrent use; Unlock and the other
 // methods are safe on a nil *Lock, which holds nothing.
 type Lock struct {
-	c     *Client
-	key   string   // the caller's key
-	keys  []string // the Redis keys: the lock, its wait queue
-	id    string   // the identity scripts compare: the token's length in 4 digits, then the token
-	fence int64
-	by    heldBy
-	taken time.Time // when the attempt that took it was sent, on our clock
+	c      *Client
+	key    string   // the caller's key (the first, of several)
+	given  []string // several keys: all of them, as the caller gave them; nil for one
+	shown  string   // the key or keys, quoted and shortened, for errors
+	keys   []string // the Redis keys: each lock and its wait queue, in the order taken
+	locks  []string // the Redis keys of the locks alone
+	id     string   // the identity scripts compare: the token's length in 4 digits, then the token
+	fence  int64    // of key
+	fences []int64  // of given, in its order; nil for one key
+	by     heldBy
+	taken  time.Time // when the attempt that took it was sent, on our clock
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
@@ -272,16 +283,22 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil {
 		return 0, ErrNotHeld
 	}
-	n, err := pttlScript.Run(ctx, l.c.rdb, l.keys[:1], l.id).Int64()
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), err)
-	case n == -3:
-		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), ErrNotHeld)
-	case n < 0:
+	least := int64(-1)
+	for b := range l.c.batches(l.locks, 1) {
+		n, err := pttlScript.Run(ctx, l.c.rdb, b, l.id).Int64()
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("mutex: ttl of %s: %w", l.shown, err)
+		case n == -3:
+			return 0, fmt.Errorf("mutex: ttl of %s: %w", l.shown, ErrNotHeld)
+		case n >= 0 && (least < 0 || n < least):
+			least = n
+		}
+	}
+	if least < 0 {
 		return -1, nil // no expiry: someone removed it by hand
 	}
-	return time.Duration(n) * time.Millisecond, nil
+	return time.Duration(least) * time.Millisecond, nil
 }
 
 // Extend replaces the remaining lease with ttl if the lock is still ours. It returns
@@ -303,15 +320,17 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 // extend is Extend without the event of a lost lease: WithLock reports that itself.
 func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkTTL(ttl); err != nil {
-		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
+		return fmt.Errorf("mutex: extend %s: %w", l.shown, err)
 	}
 	sent := time.Now()
-	n, err := extendScript.Run(ctx, l.c.rdb, l.keys[:1], l.id, ttl.Milliseconds()).Int64()
-	if err != nil {
-		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
-	}
-	if n == 0 {
-		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), ErrNotHeld)
+	for b := range l.c.batches(l.locks, 1) {
+		n, err := extendScript.Run(ctx, l.c.rdb, b, l.id, ttl.Milliseconds()).Int64()
+		if err != nil {
+			return fmt.Errorf("mutex: extend %s: %w", l.shown, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("mutex: extend %s: %w", l.shown, ErrNotHeld)
+		}
 	}
 	l.mu.Lock()
 	l.until = leaseEnd(sent, ttl)
@@ -363,20 +382,20 @@ func (l *Lock) emit(ctx context.Context, op Op, err error) {
 			return
 		}
 	}
-	l.c.observe(ctx, Event{Op: op, Key: l.key, Name: l.by.name, ID: l.by.id, Fence: l.fence, Held: time.Since(l.taken), Err: err})
+	l.c.observe(ctx, Event{Op: op, Key: l.key, Keys: l.given, Name: l.by.name, ID: l.by.id, Fence: l.fence, Held: time.Since(l.taken), Err: err})
 }
 
 // unlock is Unlock without events: WithLock decides what its result means.
 func (l *Lock) unlock(ctx context.Context) error {
 	n, err := l.c.release(ctx, l.keys, l.id, "")
 	if err != nil {
-		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
+		return fmt.Errorf("mutex: unlock %s: %w", l.shown, err)
 	}
 	switch n {
 	case 0:
-		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), ErrNotHeld)
+		return fmt.Errorf("mutex: unlock %s: %w", l.shown, ErrNotHeld)
 	case 2:
-		return fmt.Errorf("mutex: unlock %s: %w: %w", shortkey.Quote(l.key), errForced, ErrNotHeld)
+		return fmt.Errorf("mutex: unlock %s: %w: %w", l.shown, errForced, ErrNotHeld)
 	}
 	return nil
 }
@@ -427,16 +446,22 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 	return n == 1, nil
 }
 
-// acquisition is one call of TryLock, Lock or WithLock: several attempts share its token.
+// acquisition is one call of TryLock, Lock or WithLock (or of their several-keys
+// forms): several attempts share its token.
 type acquisition struct {
 	c         *Client
 	renewed   bool // WithLock renews the lease: a hand-over may give a short one
 	contended bool // an attempt found another holder: OpContended was reported
+	holding   bool // the last attempt kept locks taken before a busy one (several keys)
 	start     time.Time
-	id        string // identity(token)
-	desc      string // what the holder says about itself, as scripts store it (see describe)
-	key       string
-	keys      []string // the lock's Redis key, its wait queue
+	id        string   // identity(token)
+	desc      string   // what the holder says about itself, as scripts store it (see describe)
+	key       string   // the caller's key (the first, of several)
+	given     []string // several keys: all of them, in the caller's order; nil for one
+	shown     string   // the key or keys, quoted and shortened, for errors
+	keys      []string // each lock's Redis key and its wait queue, in the order to take them
+	locks     []string // the Redis keys of the locks alone, in that order
+	order     []int    // several keys: where each of given is in keys' order
 	ttl       time.Duration
 	lockConfig
 }
@@ -453,11 +478,19 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	if key == "" {
 		return nil, errors.New("mutex: empty key")
 	}
+	shown := shortkey.Quote(key)
 	if err := checkTTL(ttl); err != nil {
-		return nil, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(key), err)
+		return nil, fmt.Errorf("mutex: lock %s: %w", shown, err)
 	}
 	rkey := c.redisKey(key)
-	a := &acquisition{c: c, start: time.Now(), key: key, keys: []string{rkey, rkey + waitSuffix}, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	keys := []string{rkey, rkey + waitSuffix}
+	a := &acquisition{c: c, start: time.Now(), key: key, shown: shown, keys: keys, locks: keys[:1], ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	c.configure(a, opts)
+	return a, nil
+}
+
+// configure applies opts to a and sets what follows from them.
+func (c *Client) configure(a *acquisition, opts []LockOption) {
 	for _, o := range opts {
 		o.applyLock(&a.lockConfig)
 	}
@@ -469,28 +502,50 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	if a.by != (heldBy{}) {
 		a.desc = c.describe(a.by.name, a.by.id)
 	}
-	return a, nil
 }
 
-// attempt runs lock.lua once. It returns the lock, or nil and the holder's remaining
-// lease (-1: none), or an error. A non-nil w is queued in Redis when the lock is busy,
-// atomically with the failed attempt, so no release after it can miss w.
+// attempt runs lock.lua once, in one call for all of a's locks, or one call per lock
+// where they live on several servers. It returns the lock, or nil and the remaining
+// lease of the first lock another holder has (-1: none), or an error. A non-nil w is
+// queued in Redis on that lock, atomically with the failed attempt, so no release
+// after it can miss w, and the locks before it stay taken (a.holding); with a nil w
+// (TryLock) nothing stays taken.
 func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, errors.Join(ErrNotObtained, err)
 	}
-	id, queued := "", "0"
+	id, queued, all := "", "0", "1"
 	if w != nil {
-		id = w.head
+		id, all = w.head, "0"
 		if w.queued {
 			queued = "1"
 		}
 	}
 	sent := time.Now()
-	res, err := lockScript.Run(ctx, c.rdb, a.keys,
-		a.id, a.ttl.Milliseconds(), id, queued, a.desc).Int64Slice()
-	if err == nil && len(res) != 2 {
-		err = fmt.Errorf("unexpected reply %v", res)
+	var (
+		fences []int64
+		pttl   int64
+		busy   bool
+		err    error
+	)
+	for b := range c.batches(a.keys, 2) {
+		var res []int64
+		res, err = lockScript.Run(ctx, c.rdb, b,
+			a.id, a.ttl.Milliseconds(), id, queued, a.desc, all).Int64Slice()
+		switch {
+		case err != nil:
+		case len(res) == 3 && res[0] == 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
+			busy, pttl = true, res[1]
+			if w != nil { // the locks before the busy one were taken, and kept
+				fences = append(fences, make([]int64, res[2]-1)...)
+			}
+		case len(res) == len(b)/2 && res[0] > 0:
+			fences = append(fences, res...)
+			continue
+		default:
+			err = fmt.Errorf("unexpected reply %v", res)
+		}
+		break
 	}
 	if w != nil {
 		w.queued = true // even after an error: the server may have queued it
@@ -501,22 +556,37 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		if ctx.Err() != nil {
 			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
 		}
-		return nil, 0, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(a.key), err)
+		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.shown, err)
 	}
-	if res[0] == 0 {
+	if busy {
+		a.holding = w != nil && len(fences) > 0
+		if w == nil && len(fences) > 0 {
+			// One lock per call (several servers): give back those taken before the
+			// busy one, so that TryLock takes all or nothing.
+			c.abandon(ctx, a)
+		}
 		if !a.contended {
 			a.contended = true
-			c.Emit(ctx, Event{Op: OpContended, Key: a.key, Name: a.by.name, ID: a.by.id})
+			c.Emit(ctx, Event{Op: OpContended, Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id})
 		}
-		return nil, time.Duration(res[1]) * time.Millisecond, nil
+		return nil, time.Duration(pttl) * time.Millisecond, nil
 	}
-	return a.lock(res[0], sent, a.ttl), 0, nil
+	return a.lock(fences, sent, a.ttl), 0, nil
 }
 
-// lock is the Lock this acquisition holds with fence f, granted for lease by a
-// command sent at sent or later.
-func (a *acquisition) lock(f int64, sent time.Time, lease time.Duration) *Lock {
-	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, by: a.by, taken: sent, until: leaseEnd(sent, lease)}
+// lock is the Lock this acquisition holds with fences f (in the order of a.keys),
+// granted for lease by a command sent at sent or later.
+func (a *acquisition) lock(f []int64, sent time.Time, lease time.Duration) *Lock {
+	l := &Lock{c: a.c, key: a.key, given: a.given, shown: a.shown, keys: a.keys, locks: a.locks, id: a.id,
+		fence: f[0], by: a.by, taken: sent, until: leaseEnd(sent, lease)}
+	if a.order != nil {
+		l.fences = make([]int64, len(a.order))
+		for i, j := range a.order {
+			l.fences[i] = f[j]
+		}
+		l.fence = l.fences[0]
+	}
+	return l
 }
 
 // handOverLease is the lease a release hands this acquisition's waiter.
@@ -536,12 +606,26 @@ func (c *Client) abandon(ctx context.Context, a *acquisition) {
 	_, _ = c.release(ctx, a.keys, a.id, "")
 }
 
-// release runs release.lua: it unlocks the hold of identity id on the lock and
-// hands the lock to the next waiter. A non-empty entry (a waiter that gives up) is
-// first taken out of the queue, and a lock that had been handed to it is passed on.
+// release runs release.lua: it unlocks the hold of identity id on the locks in keys
+// (each followed by its queue) and hands each to its next waiter. A non-empty entry
+// (a waiter that gives up) is first taken out of the queues, and a lock that had been
+// handed to it is passed on. It returns 2 if any lock was released by force, else 0
+// if any was not ours, else 1; where the locks live on several servers, one call per
+// lock, all of them tried.
 func (c *Client) release(ctx context.Context, keys []string, id, entry string) (int64, error) {
-	return releaseScript.Run(ctx, c.rdb, keys,
-		id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+	res := int64(1)
+	var errs error
+	for b := range c.batches(keys, 2) {
+		r, err := releaseScript.Run(ctx, c.rdb, b,
+			id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+		switch {
+		case err != nil:
+			errs = errors.Join(errs, err)
+		case r == 2 || (r == 0 && res == 1):
+			res = r
+		}
+	}
+	return res, errs
 }
 
 // describe is what a holder says about itself in the lock's value: host, process ID,

@@ -238,7 +238,7 @@ func TestLeaseBounds(t *testing.T) {
 
 	// A key set by hand with an enormous expiry: a waiter must sleep, not spin.
 	for _, pttl := range []time.Duration{-1, 0, time.Millisecond, MaxTTL, MaxTTL + 1, math.MaxInt64} {
-		d := retryAfter(pttl)
+		d := (&acquisition{}).retryAfter(pttl)
 		assert.True(t, d > 0 && d <= MaxTTL+MaxTTL/8+time.Millisecond, "retryAfter(%v) = %v", pttl, d)
 	}
 }

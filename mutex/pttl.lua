@@ -1,12 +1,20 @@
--- pttl.lua: remaining lease of a lock our token holds.
+-- pttl.lua: remaining lease of locks our token holds.
 --
--- KEYS[1] -> <prefix>{<key>}  the lock (see common.lua for its value)
+-- KEYS    -> <prefix>{<key>} of each lock (see common.lua for its value): one, or
+--            several held as one (in Redis Cluster the caller sends one per call)
 -- ARGV[1] -> identity of the holder: its token's length in 4 digits, then the token
 --
--- Returns the remaining lease in milliseconds (-1: no expiry), or -3 when the key is
--- gone or holds another token.
-local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 17) ~= 114 and ours(v, ARGV[1]) then
-  return redis.call('PTTL', KEYS[1])
+-- Returns the shortest remaining lease in milliseconds (-1: no expiry on any), or -3
+-- when a key is gone or holds another token.
+local least = -1
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  if not v or string.byte(v, 17) == 114 or not ours(v, ARGV[1]) then
+    return -3
+  end
+  local p = redis.call('PTTL', KEYS[i])
+  if p >= 0 and (least < 0 or p < least) then
+    least = p
+  end
 end
-return -3
+return least

@@ -54,7 +54,7 @@ func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts .
 func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 	l, err := c.obtain(ctx, a)
 	if c.observe != nil {
-		e := Event{Key: a.key, Name: a.by.name, ID: a.by.id, Contended: a.contended, Err: err}
+		e := Event{Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id, Contended: a.contended, Err: err}
 		switch {
 		case l == nil:
 			e.Op, e.Wait = OpNotObtained, time.Since(a.start)
@@ -97,7 +97,7 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 		defer t.Stop()
 		deadline = t.C
 	}
-	timer := time.NewTimer(retryAfter(pttl))
+	timer := time.NewTimer(a.retryAfter(pttl))
 	defer timer.Stop()
 	for {
 		select {
@@ -106,10 +106,15 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 		case <-deadline:
 			return nil, ErrNotObtained
 		case f := <-w.grant:
+			if a.given != nil {
+				// One of several locks: the attempt below takes the rest, or waits
+				// for the next busy one, keeping this one.
+				break
+			}
 			// The release that handed us the lock ran after our last attempt was sent,
 			// so the lease counts from no earlier than that.
 			lease := a.handOverLease()
-			if l := a.lock(f, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
+			if l := a.lock([]int64{f}, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
 				l.taken = time.Now() // its wait ended now, not when its attempt was sent
 				acquired = true
 				return l, nil
@@ -126,17 +131,23 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 		if err != nil {
 			return nil, err
 		}
-		timer.Reset(retryAfter(pttl))
+		timer.Reset(a.retryAfter(pttl))
 	}
 }
 
 // retryAfter is how long a waiter that hears nothing sleeps: until the holder's lease
 // runs out, plus jitter so that waiters of a crashed holder do not all arrive at once.
-func retryAfter(pttl time.Duration) time.Duration {
+// A waiter that keeps locks taken before a busy one comes back within a third of
+// its lease, and its attempt renews them.
+func (a *acquisition) retryAfter(pttl time.Duration) time.Duration {
 	if pttl < 0 || pttl > MaxTTL { // no expiry, or set by hand: look again later
 		pttl = time.Second
 	}
-	return pttl + rand.N(pttl/8+time.Millisecond)
+	d := pttl + rand.N(pttl/8+time.Millisecond)
+	if a.holding {
+		d = min(d, a.ttl/3)
+	}
+	return d
 }
 
 const (

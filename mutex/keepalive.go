@@ -83,7 +83,7 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 				// lost, and the key has changed hands since. fn ran under the lock.
 				uerr = nil
 			} else if leaseErr == nil {
-				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", l.shown, ErrNotHeld)
+				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", l.what(), ErrNotHeld)
 			}
 		}
 		switch {
@@ -158,7 +158,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 				lastErr = nil
 				next = sent.Add(every)
 			case errors.Is(err, ErrNotHeld):
-				err = fmt.Errorf("mutex: lease on %s lost: %w", l.shown, ErrNotHeld)
+				err = fmt.Errorf("mutex: lease on %s lost: %w", l.what(), ErrNotHeld)
 				cancel(err)
 				return err
 			case ctx.Err() != nil:
@@ -180,7 +180,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		now := time.Now()
 		until := l.validUntil()
 		if !now.Before(until) {
-			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.shown, ErrNotHeld)
+			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.what(), ErrNotHeld)
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -125,9 +124,8 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 	case 1:
 		return c.newAcquisition(given[0], ttl, opts)
 	}
-	shown := showKeys(given)
 	if err := checkTTL(ttl); err != nil {
-		return nil, fmt.Errorf("mutex: lock %s: %w", shown, err)
+		return nil, fmt.Errorf("mutex: lock %s: %w", showKeys("", given), err)
 	}
 	rkeys := make([]string, len(given))
 	for i, k := range given {
@@ -135,7 +133,7 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 	}
 	sorted := slices.Clone(rkeys)
 	slices.Sort(sorted) // distinct keys have distinct Redis keys
-	a := &acquisition{c: c, start: time.Now(), key: given[0], given: given, shown: shown,
+	a := &acquisition{c: c, start: time.Now(), key: given[0], given: given,
 		keys: make([]string, 0, 2*len(sorted)), locks: sorted, order: make([]int, len(given)),
 		ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	for _, r := range sorted {
@@ -148,8 +146,17 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 	return a, nil
 }
 
-// showKeys is keys, each quoted and shortened, for errors.
-func showKeys(keys []string) string {
+// what is the lock's key or keys, quoted and shortened, for errors.
+func (l *Lock) what() string { return showKeys(l.key, l.given) }
+
+// what is the acquisition's key or keys, quoted and shortened, for errors.
+func (a *acquisition) what() string { return showKeys(a.key, a.given) }
+
+// showKeys is key, or keys when there are several, each quoted and shortened.
+func showKeys(key string, keys []string) string {
+	if keys == nil {
+		return shortkey.Quote(key)
+	}
 	q := make([]string, len(keys))
 	for i, k := range keys {
 		q[i] = shortkey.Quote(k)
@@ -157,19 +164,16 @@ func showKeys(keys []string) string {
 	return "keys " + strings.Join(q, ", ")
 }
 
-// batches splits keys, groups of per Redis keys that belong to one lock, into the
-// calls that run a script on them: one call on a single Redis, one per lock where
-// keys live on several servers (each lock has its own hash slot).
-func (c *Client) batches(keys []string, per int) iter.Seq[[]string] {
-	return func(yield func([]string) bool) {
-		if c.oneNode || len(keys) == per {
-			yield(keys)
-			return
-		}
-		for i := 0; i < len(keys); i += per {
-			if !yield(keys[i : i+per]) {
-				return
-			}
-		}
+// batch is the i-th of the calls that run a script on keys, groups of per Redis keys
+// that belong to one lock, and whether there is one: a single call on a single
+// Redis, one per lock where keys live on several servers (each lock has its own hash
+// slot).
+func (c *Client) batch(keys []string, per, i int) ([]string, bool) {
+	if c.oneNode || len(keys) == per {
+		return keys, i == 0
 	}
+	if i*per >= len(keys) {
+		return nil, false
+	}
+	return keys[i*per : (i+1)*per], true
 }

@@ -235,7 +235,6 @@ type Lock struct {
 	c      *Client
 	key    string   // the caller's key (the first, of several)
 	given  []string // several keys: all of them, as the caller gave them; nil for one
-	shown  string   // the key or keys, quoted and shortened, for errors
 	keys   []string // the Redis keys: each lock and its wait queue, in the order taken
 	locks  []string // the Redis keys of the locks alone
 	id     string   // the identity scripts compare: the token's length in 4 digits, then the token
@@ -284,13 +283,17 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 		return 0, ErrNotHeld
 	}
 	least := int64(-1)
-	for b := range l.c.batches(l.locks, 1) {
+	for i := 0; ; i++ {
+		b, ok := l.c.batch(l.locks, 1, i)
+		if !ok {
+			break
+		}
 		n, err := pttlScript.Run(ctx, l.c.rdb, b, l.id).Int64()
 		switch {
 		case err != nil:
-			return 0, fmt.Errorf("mutex: ttl of %s: %w", l.shown, err)
+			return 0, fmt.Errorf("mutex: ttl of %s: %w", l.what(), err)
 		case n == -3:
-			return 0, fmt.Errorf("mutex: ttl of %s: %w", l.shown, ErrNotHeld)
+			return 0, fmt.Errorf("mutex: ttl of %s: %w", l.what(), ErrNotHeld)
 		case n >= 0 && (least < 0 || n < least):
 			least = n
 		}
@@ -320,16 +323,20 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 // extend is Extend without the event of a lost lease: WithLock reports that itself.
 func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkTTL(ttl); err != nil {
-		return fmt.Errorf("mutex: extend %s: %w", l.shown, err)
+		return fmt.Errorf("mutex: extend %s: %w", l.what(), err)
 	}
 	sent := time.Now()
-	for b := range l.c.batches(l.locks, 1) {
+	for i := 0; ; i++ {
+		b, ok := l.c.batch(l.locks, 1, i)
+		if !ok {
+			break
+		}
 		n, err := extendScript.Run(ctx, l.c.rdb, b, l.id, ttl.Milliseconds()).Int64()
 		if err != nil {
-			return fmt.Errorf("mutex: extend %s: %w", l.shown, err)
+			return fmt.Errorf("mutex: extend %s: %w", l.what(), err)
 		}
 		if n == 0 {
-			return fmt.Errorf("mutex: extend %s: %w", l.shown, ErrNotHeld)
+			return fmt.Errorf("mutex: extend %s: %w", l.what(), ErrNotHeld)
 		}
 	}
 	l.mu.Lock()
@@ -389,13 +396,13 @@ func (l *Lock) emit(ctx context.Context, op Op, err error) {
 func (l *Lock) unlock(ctx context.Context) error {
 	n, err := l.c.release(ctx, l.keys, l.id, "")
 	if err != nil {
-		return fmt.Errorf("mutex: unlock %s: %w", l.shown, err)
+		return fmt.Errorf("mutex: unlock %s: %w", l.what(), err)
 	}
 	switch n {
 	case 0:
-		return fmt.Errorf("mutex: unlock %s: %w", l.shown, ErrNotHeld)
+		return fmt.Errorf("mutex: unlock %s: %w", l.what(), ErrNotHeld)
 	case 2:
-		return fmt.Errorf("mutex: unlock %s: %w: %w", l.shown, errForced, ErrNotHeld)
+		return fmt.Errorf("mutex: unlock %s: %w: %w", l.what(), errForced, ErrNotHeld)
 	}
 	return nil
 }
@@ -458,7 +465,6 @@ type acquisition struct {
 	desc      string   // what the holder says about itself, as scripts store it (see describe)
 	key       string   // the caller's key (the first, of several)
 	given     []string // several keys: all of them, in the caller's order; nil for one
-	shown     string   // the key or keys, quoted and shortened, for errors
 	keys      []string // each lock's Redis key and its wait queue, in the order to take them
 	locks     []string // the Redis keys of the locks alone, in that order
 	order     []int    // several keys: where each of given is in keys' order
@@ -478,13 +484,12 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	if key == "" {
 		return nil, errors.New("mutex: empty key")
 	}
-	shown := shortkey.Quote(key)
 	if err := checkTTL(ttl); err != nil {
-		return nil, fmt.Errorf("mutex: lock %s: %w", shown, err)
+		return nil, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(key), err)
 	}
 	rkey := c.redisKey(key)
 	keys := []string{rkey, rkey + waitSuffix}
-	a := &acquisition{c: c, start: time.Now(), key: key, shown: shown, keys: keys, locks: keys[:1], ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
+	a := &acquisition{c: c, start: time.Now(), key: key, keys: keys, locks: keys[:1], ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	c.configure(a, opts)
 	return a, nil
 }
@@ -514,7 +519,8 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	if err := ctx.Err(); err != nil {
 		return nil, 0, errors.Join(ErrNotObtained, err)
 	}
-	id, queued, all := "", "0", "1"
+	id := ""
+	var queued, all any = "0", "1" // constants in an interface cost no allocation
 	if w != nil {
 		id, all = w.head, "0"
 		if w.queued {
@@ -528,7 +534,11 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		busy   bool
 		err    error
 	)
-	for b := range c.batches(a.keys, 2) {
+	for i := 0; ; i++ {
+		b, ok := c.batch(a.keys, 2, i)
+		if !ok {
+			break
+		}
 		var res []int64
 		res, err = lockScript.Run(ctx, c.rdb, b,
 			a.id, a.ttl.Milliseconds(), id, queued, a.desc, all).Int64Slice()
@@ -540,7 +550,11 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 				fences = append(fences, make([]int64, res[2]-1)...)
 			}
 		case len(res) == len(b)/2 && res[0] > 0:
-			fences = append(fences, res...)
+			if fences == nil {
+				fences = res
+			} else {
+				fences = append(fences, res...)
+			}
 			continue
 		default:
 			err = fmt.Errorf("unexpected reply %v", res)
@@ -556,7 +570,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		if ctx.Err() != nil {
 			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
 		}
-		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.shown, err)
+		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.what(), err)
 	}
 	if busy {
 		a.holding = w != nil && len(fences) > 0
@@ -577,7 +591,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 // lock is the Lock this acquisition holds with fences f (in the order of a.keys),
 // granted for lease by a command sent at sent or later.
 func (a *acquisition) lock(f []int64, sent time.Time, lease time.Duration) *Lock {
-	l := &Lock{c: a.c, key: a.key, given: a.given, shown: a.shown, keys: a.keys, locks: a.locks, id: a.id,
+	l := &Lock{c: a.c, key: a.key, given: a.given, keys: a.keys, locks: a.locks, id: a.id,
 		fence: f[0], by: a.by, taken: sent, until: leaseEnd(sent, lease)}
 	if a.order != nil {
 		l.fences = make([]int64, len(a.order))
@@ -615,7 +629,11 @@ func (c *Client) abandon(ctx context.Context, a *acquisition) {
 func (c *Client) release(ctx context.Context, keys []string, id, entry string) (int64, error) {
 	res := int64(1)
 	var errs error
-	for b := range c.batches(keys, 2) {
+	for i := 0; ; i++ {
+		b, ok := c.batch(keys, 2, i)
+		if !ok {
+			break
+		}
 		r, err := releaseScript.Run(ctx, c.rdb, b,
 			id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
 		switch {

@@ -142,34 +142,76 @@ func fieldsKey(fields []string) KeyFunc {
 	return k.key
 }
 
+// fieldsKeys returns the KeysFunc of OnEach(fields...): one key per field, each the
+// key fieldsKey([]string{field}) derives. The payload is read once.
+func fieldsKeys(fields []string) KeysFunc {
+	k := &fieldKeyer{fields: slices.Clone(fields)}
+	for _, f := range k.fields {
+		k.paths = append(k.paths, strings.Split(f, "."))
+	}
+	return k.keys
+}
+
 type fieldKeyer struct {
 	fields []string
 	paths  [][]string
 }
 
 func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
+	var stack [4][]byte
+	values, err := k.read(t, stack[:0])
+	if err != nil {
+		return "", err
+	}
+	return k.write(t.Type(), values, 0)
+}
+
+// keys is the KeysFunc of OnEach: one key per field, each the key On(field) would
+// derive.
+func (k *fieldKeyer) keys(_ context.Context, t *asynq.Task) ([]string, error) {
+	var stack [4][]byte
+	values, err := k.read(t, stack[:0])
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(values))
+	for i := range values {
+		if keys[i], err = k.write(t.Type(), values[i:i+1], i); err != nil {
+			return nil, err
+		}
+	}
+	return keys, nil
+}
+
+// read appends to values the JSON text of each field of t's payload, or returns an
+// error saying why one cannot be read.
+func (k *fieldKeyer) read(t *asynq.Task, values [][]byte) ([][]byte, error) {
 	typ, payload := t.Type(), t.Payload()
 	if !json.Valid(payload) {
 		msg, err := invalidPayload(payload)
-		return "", &keyError{taskType: typ, unread: k.fields, msg: msg, err: err}
+		return nil, &keyError{taskType: typ, unread: k.fields, msg: msg, err: err}
 	}
 	root := skipSpace(payload)
 	if kind := kindOf(root); kind != "object" {
-		return "", &keyError{taskType: typ, unread: k.fields, msg: "payload is " + describeKind(kind) + ", not a JSON object"}
+		return nil, &keyError{taskType: typ, unread: k.fields, msg: "payload is " + describeKind(kind) + ", not a JSON object"}
 	}
-
-	var stack [4][]byte
-	values := stack[:0]
-	size := len(typ) + 4 // the brackets and quotes; a type that needs escapes grows b
 	for i := range k.paths {
 		v, err := k.lookup(typ, root, i)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		values = append(values, v)
+	}
+	return values, nil
+}
+
+// write is the key of a task of type typ whose fields, from the first-th on, hold
+// values (read by read): the JSON array of typ and the values' canonical texts.
+func (k *fieldKeyer) write(typ string, values [][]byte, first int) (string, error) {
+	size := len(typ) + 4 // the brackets and quotes; a type that needs escapes grows b
+	for _, v := range values {
 		size += 1 + len(v) // a value's canonical text is never longer than its JSON text
 	}
-
 	var b strings.Builder
 	b.Grow(size)
 	b.WriteByte('[')
@@ -181,7 +223,7 @@ func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
 			continue
 		}
 		if refused := writeJSONString(&b, v); refused != "" {
-			return "", &keyError{taskType: typ, field: k.fields[i], msg: refused}
+			return "", &keyError{taskType: typ, field: k.fields[first+i], msg: refused}
 		}
 	}
 	b.WriteByte(']')

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,8 +49,10 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	key      KeyFunc
-	keySetBy string // "On" or "KeyBy", to refuse both
+	key      KeyFunc  // one key per task
+	keys     KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
+	keySetBy string   // the option that set key or keys, to refuse two
+	scope    string   // Scope: the name in keys instead of the task type
 	ttl      time.Duration
 	maxWait  time.Duration
 	policy   Policy
@@ -70,7 +74,7 @@ func On(fields ...string) Option {
 	}
 	validateFields("asynqmutex.On", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("On", fieldsKey(fields)) })
+	return optionFunc(func(c *config) { c.setKey("On", fieldsKey(fields), nil) })
 }
 
 // KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
@@ -80,14 +84,54 @@ func KeyBy(fn KeyFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeyBy: nil KeyFunc")
 	}
-	return optionFunc(func(c *config) { c.setKey("KeyBy", fn) })
+	return optionFunc(func(c *config) { c.setKey("KeyBy", fn, nil) })
 }
 
-func (c *config) setKey(by string, fn KeyFunc) {
+func (c *config) setKey(by string, one KeyFunc, several KeysFunc) {
 	if c.keySetBy != "" && c.keySetBy != by {
-		panic("asynqmutex.Middleware: both On and KeyBy given; use one")
+		panic("asynqmutex.Middleware: both " + c.keySetBy + " and " + by + " given; use one")
 	}
-	c.key, c.keySetBy = fn, by
+	c.key, c.keys, c.keySetBy = one, several, by
+}
+
+// KeysFunc derives several lock keys for a task, for OnEach and KeysBy: the task runs
+// only while it holds all of them, so it never runs at the same time as a task with
+// any of the same keys, whatever its other keys. The rules of KeyFunc apply to each
+// key: deterministic, safe for concurrent use, an error or an empty key (or no key)
+// archives the task. The keys share KeyFunc's key space, so a task with keys
+// {"a","b"} excludes a task whose KeyFunc gives "a". The order of the keys does not
+// matter, and a key given twice counts once.
+type KeysFunc func(ctx context.Context, t *asynq.Task) ([]string, error)
+
+// OnEach gives a task one lock key per field, and runs it only while it holds all of
+// them (mutex.Client.WithLockKeys): OnEach("from", "to") makes a transfer from A to B
+// wait for every task on A or on B, while transfers that share no account run at
+// once. Each key is the one On(field) would derive: the task type (or Scope's name)
+// and the field's value, so a value in "from" and the same value in "to" are one
+// key. The fields are read as On reads them; a payload that lacks one, or holds an
+// object or an array there, is archived at once with an error naming the field.
+// Taking the keys never deadlocks against tasks taking overlapping sets in another
+// order (see mutex.Client.LockKeys). On Redis Cluster each key costs a round trip.
+// OnEach panics if no field is given or a name is empty; it cannot be combined with
+// On, KeyBy or KeysBy.
+func OnEach(fields ...string) Option {
+	if len(fields) == 0 {
+		panic("asynqmutex.OnEach: no field given")
+	}
+	validateFields("asynqmutex.OnEach", fields)
+	fields = append([]string(nil), fields...)
+	return optionFunc(func(c *config) { c.setKey("OnEach", nil, fieldsKeys(fields)) })
+}
+
+// KeysBy makes fn derive several lock keys per task, held all at once, for sets
+// OnEach cannot express (see KeysFunc). An error from fn, no key, or an empty key
+// archives the task as a malformed payload does. KeysBy panics if fn is nil; it
+// cannot be combined with On, KeyBy or OnEach.
+func KeysBy(fn KeysFunc) Option {
+	if fn == nil {
+		panic("asynqmutex.KeysBy: nil KeysFunc")
+	}
+	return optionFunc(func(c *config) { c.setKey("KeysBy", nil, fn) })
 }
 
 // TTL sets the lease of a task's lock. The middleware renews it every d/3 while the
@@ -215,10 +259,7 @@ type middleware struct {
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	id, _ := asynq.GetTaskID(ctx)
-	key, err := m.key(ctx, t)
-	if err == nil && key == "" {
-		err = &keyError{taskType: t.Type(), msg: "KeyBy returned an empty key"}
-	}
+	key, keys, err := m.keysOf(ctx, t)
 	if err != nil {
 		var ke *keyError
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
@@ -237,11 +278,17 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		handlerErr error
 	)
 	start := time.Now()
-	err = m.locks.WithLock(ctx, key, m.ttl, func(ctx context.Context) error {
+	fn := func(ctx context.Context) error {
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
 		return nil // kept apart, so that err is only about the lock
-	}, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
+	}
+	if keys != nil {
+		err = m.locks.WithLockKeys(ctx, keys, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
+	} else {
+		err = m.locks.WithLock(ctx, key, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
+	}
+	shown := showKeys(key, keys)
 
 	if ran {
 		m.conflicts.forget(id)
@@ -250,23 +297,23 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			// itself when its lease runs out.
 			return handlerErr
 		}
-		m.leaseLost(ctx, t, id, key, err, handlerErr)
+		m.leaseLost(ctx, t, id, shown, err, handlerErr)
 		if handlerErr == nil {
 			// The work is done: running it again would add a second run, not undo the
 			// overlap.
 			return nil
 		}
-		return fmt.Errorf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", shortkey.Quote(t.Type()), idSuffix(id), shortkey.Show(key), errors.Join(err, handlerErr))
+		return fmt.Errorf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", shortkey.Quote(t.Type()), idSuffix(id), shown, errors.Join(err, handlerErr))
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), shortkey.Show(key), err)
+		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), shown, err)
 		m.failed(ctx, t, err)
 		return err
 	}
 
-	le := &LockedError{Key: key, taskType: t.Type(), taskID: id}
+	le := &LockedError{Key: key, Keys: keys, taskType: t.Type(), taskID: id}
 	conflict := func(policy string) {
-		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpConflict, Key: key, Name: t.Type(), ID: id, Wait: time.Since(start), Policy: policy, Err: le})
+		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpConflict, Key: key, Keys: keys, Name: t.Type(), ID: id, Wait: time.Since(start), Policy: policy, Err: le})
 		m.failed(ctx, t, le)
 	}
 	switch m.policy {
@@ -286,6 +333,49 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	le.RetryIn = backoff(time.Duration(m.policy), n)
 	conflict("retry")
 	return le
+}
+
+// keysOf derives the task's lock key, or its keys when it has several (then key is
+// the first of them), or an error saying why it cannot.
+func (m *middleware) keysOf(ctx context.Context, t *asynq.Task) (key string, keys []string, err error) {
+	if m.keys == nil {
+		key, err = m.key(ctx, t)
+		if err == nil && key == "" {
+			err = &keyError{taskType: t.Type(), msg: "KeyBy returned an empty key"}
+		}
+		return key, nil, err
+	}
+	keys, err = m.keys(ctx, t)
+	switch {
+	case err != nil:
+		return "", nil, err
+	case len(keys) == 0:
+		return "", nil, &keyError{taskType: t.Type(), msg: "KeysBy returned no key"}
+	case slices.Contains(keys, ""):
+		return "", nil, &keyError{taskType: t.Type(), msg: "KeysBy returned an empty key"}
+	}
+	distinct := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if !slices.Contains(distinct, k) {
+			distinct = append(distinct, k)
+		}
+	}
+	if len(distinct) == 1 {
+		return distinct[0], nil, nil
+	}
+	return distinct[0], distinct, nil
+}
+
+// showKeys is key, or keys when there are several, each shown shortened.
+func showKeys(key string, keys []string) string {
+	if keys == nil {
+		return shortkey.Show(key)
+	}
+	shown := make([]string, len(keys))
+	for i, k := range keys {
+		shown[i] = shortkey.Show(k)
+	}
+	return strings.Join(shown, " and ")
 }
 
 // wait returns how long the task may wait for a busy key: MaxWait, or at least
@@ -317,7 +407,7 @@ func backoff(d time.Duration, conflicts int) time.Duration {
 // leaseLost logs that the lock was lost while the handler ran: the one event that
 // needs a person, since another worker may have run a task with the same key
 // meanwhile, and AfterFailure is only for tasks whose handler did not run.
-func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, key string, err, handlerErr error) {
+func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, shown string, err, handlerErr error) {
 	outcome := "completed: the handler returned nil"
 	if handlerErr != nil {
 		outcome = "failed: the handler returned an error"
@@ -329,7 +419,7 @@ func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, key strin
 	logger.LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
 		slog.String("task_type", shortkey.Shorten(t.Type())),
 		slog.String("task_id", shortkey.Shorten(id)),
-		slog.String("key", shortkey.Shorten(key)),
+		slog.String("key", shown),
 		slog.String("task", outcome),
 		slog.String("error", err.Error()))
 }

@@ -3,6 +3,7 @@ package asynqmutex
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"math"
@@ -228,6 +229,18 @@ func TestMiddlewareBadInput(t *testing.T) {
 			return "", nil
 		})}, []string{`"pay"`, "KeyBy returned an empty key"}},
 		{"object value", `{"id":{"n":1}}`, []Option{On("id")}, []string{`"pay"`, `field "id" is an object`, "KeyBy"}},
+		{"OnEach missing field", `{"from":"a"}`, []Option{OnEach("from", "to")}, []string{`"pay"`, `"to"`, "missing"}},
+		{"OnEach object value", `{"from":"a","to":[1]}`, []Option{OnEach("from", "to")}, []string{`"pay"`, `field "to" is an array`}},
+		{"OnEach not JSON", `[`, []Option{OnEach("from", "to")}, []string{`"pay"`, `"from", "to"`}},
+		{"KeysBy error", `{}`, []Option{KeysBy(func(context.Context, *asynq.Task) ([]string, error) {
+			return nil, errors.New("no accounts")
+		})}, []string{`"pay"`, "no accounts"}},
+		{"KeysBy no key", `{}`, []Option{KeysBy(func(context.Context, *asynq.Task) ([]string, error) {
+			return nil, nil
+		})}, []string{`"pay"`, "KeysBy returned no key"}},
+		{"KeysBy empty key", `{}`, []Option{KeysBy(func(context.Context, *asynq.Task) ([]string, error) {
+			return []string{"a", ""}, nil
+		})}, []string{`"pay"`, "KeysBy returned an empty key"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -376,6 +389,10 @@ func TestOptionPanics(t *testing.T) {
 		{"both", "asynqmutex.Middleware", func() {
 			Middleware(locks, On("a"), KeyBy(func(context.Context, *asynq.Task) (string, error) { return "", nil }))
 		}},
+		{"OnEach without fields", "asynqmutex.OnEach", func() { OnEach() }},
+		{"OnEach empty field", "asynqmutex.OnEach", func() { OnEach("a", "") }},
+		{"KeysBy nil", "asynqmutex.KeysBy", func() { KeysBy(nil) }},
+		{"On and OnEach", "both On and OnEach", func() { Middleware(locks, On("a"), OnEach("b")) }},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
 		{"TTL below MinTTL", "20ms", func() { TTL(3 * time.Millisecond) }},
 		{"TTL above MaxTTL", "168h0m0s", func() { TTL(math.MaxInt64) }},
@@ -550,4 +567,41 @@ func TestMiddlewareEvents(t *testing.T) {
 	assert.Equal(t, mutex.OpBadInput, ev[0].Op)
 	assert.Equal(t, "pay", ev[0].Name)
 	assert.Equal(t, err, ev[0].Err)
+}
+
+func TestMiddlewareSeveralKeys(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	var fences []int64
+	mw := Middleware(locks, OnEach("from", "to"), OnConflict(Fail))
+	h := mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		var p struct{ From, To string }
+		require.NoError(t, json.Unmarshal(task.Payload(), &p))
+		for _, a := range []string{p.From, p.To} {
+			key := `["transfer","` + a + `"]`
+			locked, err := locks.Locked(ctx, key)
+			require.NoError(t, err)
+			assert.True(t, locked, "%s is held while the handler runs", key)
+		}
+		l, ok := mutex.FromContext(ctx)
+		require.True(t, ok)
+		fences = l.Fences()
+		return nil
+	}))
+	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("transfer", []byte(`{"from":"A","to":"B"}`))))
+	assert.Len(t, fences, 2)
+
+	held, err := locks.TryLock(ctx, `["transfer","B"]`, time.Minute)
+	require.NoError(t, err)
+	err = h.ProcessTask(ctx, asynq.NewTask("transfer", []byte(`{"from":"C","to":"B"}`)))
+	require.ErrorIs(t, err, mutex.ErrNotObtained)
+	assert.Contains(t, err.Error(), `one of locks ["transfer","C"] and ["transfer","B"] is held`)
+	locked, err := locks.Locked(ctx, `["transfer","C"]`)
+	require.NoError(t, err)
+	assert.False(t, locked, "the free key is not kept when the task does not run")
+	require.NoError(t, held.Unlock(ctx))
+
+	// The same account on both sides is one key.
+	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("transfer", []byte(`{"from":"A","to":"A"}`))))
+	assert.Len(t, fences, 1)
 }

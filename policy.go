@@ -84,7 +84,10 @@ func (p Policy) String() string {
 type LockedError struct {
 	// Key is the lock key the task needed, whole: it may be long and hold payload
 	// values, so log Error()'s text, which shortens it, rather than Key.
-	Key     string
+	Key string
+	// Keys are all the keys of a task that needed several (OnEach, KeysBy), Key being
+	// the first; nil for one key. Any of them may be the busy one.
+	Keys    []string
 	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
 
 	taskType, taskID string
@@ -96,9 +99,13 @@ type LockedError struct {
 // the delay asked for. Only a server set up with Configure retries after RetryIn;
 // without it asynq's own backoff applies, and the text says so.
 func (e *LockedError) Error() string {
-	msg := "asynqmutex: lock " + shortkey.Show(e.Key) + " is held by another task"
+	what := "lock " + shortkey.Show(e.Key) + " is"
+	if e.Keys != nil {
+		what = "one of locks " + showKeys(e.Key, e.Keys) + " is"
+	}
+	msg := "asynqmutex: " + what + " held by another task"
 	if e.taskType != "" {
-		msg = fmt.Sprintf("asynqmutex: task %s%s: lock %s is held by another task", shortkey.Quote(e.taskType), idSuffix(e.taskID), shortkey.Show(e.Key))
+		msg = fmt.Sprintf("asynqmutex: task %s%s: %s held by another task", shortkey.Quote(e.taskType), idSuffix(e.taskID), what)
 	}
 	switch {
 	case e.archived:

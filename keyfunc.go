@@ -34,12 +34,13 @@ import (
 // The key On(fields...) derives is the compact JSON array text of the task
 // type followed by each field's value, for example ["payment:capture","c-42"];
 // without On or KeyBy the key is the task type alone, ["payment:capture"].
-// Keys returned by a KeyBy function share this key space, so a custom key
+// Scope(name) puts name where the task type would be. Keys returned by a KeyBy function share this key space, so a custom key
 // should not look like a JSON array, or it may contend with the tasks of
 // another type that uses On.
 type KeyFunc func(ctx context.Context, t *asynq.Task) (string, error)
 
-// Key returns the lock key that On derives for a task of type taskType whose fields
+// Key returns the lock key that On derives for a task of type taskType (or under
+// Scope(taskType); OnEach derives one such key per field) whose fields
 // hold values, in On's order, each given as the JSON text the payload holds: `"c-42"`
 // for a string, `42`, `true` or `null`. A number's text is kept as written, so 1 and
 // 1.0 are different keys, as they are for On. With no values it is the key of a task
@@ -135,26 +136,32 @@ func fieldsKey(fields []string) KeyFunc {
 	if len(fields) == 0 {
 		return taskTypeKey
 	}
-	k := &fieldKeyer{fields: slices.Clone(fields)}
-	for _, f := range k.fields {
-		k.paths = append(k.paths, strings.Split(f, "."))
-	}
-	return k.key
+	return newFieldKeyer(fields, "").key
 }
 
-// fieldsKeys returns the KeysFunc of OnEach(fields...): one key per field, each the
-// key fieldsKey([]string{field}) derives. The payload is read once.
-func fieldsKeys(fields []string) KeysFunc {
-	k := &fieldKeyer{fields: slices.Clone(fields)}
+// scopeKey is the key of a task without On or KeyBy under Scope(scope): the
+// one-element JSON array [scope].
+func scopeKey(scope string) KeyFunc {
+	var b strings.Builder
+	b.WriteByte('[')
+	writeString(&b, scope)
+	b.WriteByte(']')
+	key := b.String()
+	return func(context.Context, *asynq.Task) (string, error) { return key, nil }
+}
+
+func newFieldKeyer(fields []string, scope string) *fieldKeyer {
+	k := &fieldKeyer{fields: slices.Clone(fields), scope: scope}
 	for _, f := range k.fields {
 		k.paths = append(k.paths, strings.Split(f, "."))
 	}
-	return k.keys
+	return k
 }
 
 type fieldKeyer struct {
 	fields []string
 	paths  [][]string
+	scope  string // Scope's name, written instead of the task type; "" for the type
 }
 
 func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
@@ -163,7 +170,7 @@ func (k *fieldKeyer) key(_ context.Context, t *asynq.Task) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return k.write(t.Type(), values, 0)
+	return k.write(t, values, 0)
 }
 
 // keys is the KeysFunc of OnEach: one key per field, each the key On(field) would
@@ -176,7 +183,7 @@ func (k *fieldKeyer) keys(_ context.Context, t *asynq.Task) ([]string, error) {
 	}
 	keys := make([]string, len(values))
 	for i := range values {
-		if keys[i], err = k.write(t.Type(), values[i:i+1], i); err != nil {
+		if keys[i], err = k.write(t, values[i:i+1], i); err != nil {
 			return nil, err
 		}
 	}
@@ -205,17 +212,22 @@ func (k *fieldKeyer) read(t *asynq.Task, values [][]byte) ([][]byte, error) {
 	return values, nil
 }
 
-// write is the key of a task of type typ whose fields, from the first-th on, hold
-// values (read by read): the JSON array of typ and the values' canonical texts.
-func (k *fieldKeyer) write(typ string, values [][]byte, first int) (string, error) {
-	size := len(typ) + 4 // the brackets and quotes; a type that needs escapes grows b
+// write is the key of task t whose fields, from the first-th on, hold values (read
+// by read): the JSON array of the task type (or the scope) and the values'
+// canonical texts.
+func (k *fieldKeyer) write(t *asynq.Task, values [][]byte, first int) (string, error) {
+	name := k.scope
+	if name == "" {
+		name = t.Type()
+	}
+	size := len(name) + 4 // the brackets and quotes; a name that needs escapes grows b
 	for _, v := range values {
 		size += 1 + len(v) // a value's canonical text is never longer than its JSON text
 	}
 	var b strings.Builder
 	b.Grow(size)
 	b.WriteByte('[')
-	writeString(&b, typ)
+	writeString(&b, name)
 	for i, v := range values {
 		b.WriteByte(',')
 		if v[0] != '"' {
@@ -223,7 +235,7 @@ func (k *fieldKeyer) write(typ string, values [][]byte, first int) (string, erro
 			continue
 		}
 		if refused := writeJSONString(&b, v); refused != "" {
-			return "", &keyError{taskType: typ, field: k.fields[first+i], msg: refused}
+			return "", &keyError{taskType: t.Type(), field: k.fields[first+i], msg: refused}
 		}
 	}
 	b.WriteByte(']')

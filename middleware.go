@@ -52,6 +52,7 @@ type config struct {
 	key      KeyFunc  // one key per task
 	keys     KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
 	keySetBy string   // the option that set key or keys, to refuse two
+	fields   []string // On's or OnEach's fields: key or keys are made from them in Middleware
 	scope    string   // Scope: the name in keys instead of the task type
 	ttl      time.Duration
 	maxWait  time.Duration
@@ -64,7 +65,8 @@ type config struct {
 // so tasks of one type with the same values run one at a time ("customer.id" names
 // the field id inside the object customer). A value must be a string, a number, a
 // boolean or null; see KeyFunc for the key's exact form. Without On or KeyBy the key
-// is the task type alone: at most one task of each type runs at a time. A task whose
+// is the task type alone: at most one task of each type runs at a time. Scope
+// shares keys between task types. A task whose
 // payload is not a JSON object, lacks a field, or holds an object, an array or a
 // string that is not UTF-8 there, is archived at once with an error naming the field
 // (see Middleware). On panics if no field is given or a name is empty.
@@ -74,7 +76,7 @@ func On(fields ...string) Option {
 	}
 	validateFields("asynqmutex.On", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("On", fieldsKey(fields), nil) })
+	return optionFunc(func(c *config) { c.setKey("On", nil, nil); c.fields = fields })
 }
 
 // KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
@@ -91,7 +93,39 @@ func (c *config) setKey(by string, one KeyFunc, several KeysFunc) {
 	if c.keySetBy != "" && c.keySetBy != by {
 		panic("asynqmutex.Middleware: both " + c.keySetBy + " and " + by + " given; use one")
 	}
-	c.key, c.keys, c.keySetBy = one, several, by
+	c.key, c.keys, c.keySetBy, c.fields = one, several, by, nil
+}
+
+// keyFuncs sets key or keys once all options are in: from On's or OnEach's fields,
+// or the task type (or Scope's name) alone when no option set them.
+func (c *config) keyFuncs() {
+	if c.scope != "" && (c.keySetBy == "KeyBy" || c.keySetBy == "KeysBy") {
+		panic("asynqmutex.Middleware: Scope names the keys of On, OnEach and the task type; " + c.keySetBy + " makes its own keys")
+	}
+	switch {
+	case c.keySetBy == "On":
+		c.key = newFieldKeyer(c.fields, c.scope).key
+	case c.keySetBy == "OnEach":
+		c.keys = newFieldKeyer(c.fields, c.scope).keys
+	case c.keySetBy == "" && c.scope != "":
+		c.key = scopeKey(c.scope)
+	case c.keySetBy == "":
+		c.key = taskTypeKey
+	}
+}
+
+// Scope makes the lock keys begin with name instead of the task type, so that tasks
+// of several types share them: with Scope("account"), a deposit under On("account")
+// and a transfer under OnEach("from", "to") both lock ["account","A"] for account A,
+// and never run on it at once. Without On or OnEach, all tasks given Scope(name)
+// share the one key [name]. Key(name, values...) is the key of such a task. The
+// default is the task type. Scope panics if name is empty; Middleware panics if it
+// is combined with KeyBy or KeysBy, whose keys are their own.
+func Scope(name string) Option {
+	if name == "" {
+		panic("asynqmutex.Scope: empty name")
+	}
+	return optionFunc(func(c *config) { c.scope = name })
 }
 
 // KeysFunc derives several lock keys for a task, for OnEach and KeysBy: the task runs
@@ -120,7 +154,7 @@ func OnEach(fields ...string) Option {
 	}
 	validateFields("asynqmutex.OnEach", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("OnEach", nil, fieldsKeys(fields)) })
+	return optionFunc(func(c *config) { c.setKey("OnEach", nil, nil); c.fields = fields })
 }
 
 // KeysBy makes fn derive several lock keys per task, held all at once, for sets
@@ -235,12 +269,13 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	}
 	m := &middleware{
 		locks:     locks,
-		config:    config{key: taskTypeKey, ttl: DefaultTTL, policy: Policy(DefaultRetryDelay)},
+		config:    config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay)},
 		conflicts: conflicts{seen: make(map[string]conflict)},
 	}
 	for _, o := range opts {
 		o.apply(&m.config)
 	}
+	m.keyFuncs()
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
 			panic("asynqmutex.Middleware: nil handler")

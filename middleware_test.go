@@ -392,6 +392,10 @@ func TestOptionPanics(t *testing.T) {
 		{"OnEach without fields", "asynqmutex.OnEach", func() { OnEach() }},
 		{"OnEach empty field", "asynqmutex.OnEach", func() { OnEach("a", "") }},
 		{"KeysBy nil", "asynqmutex.KeysBy", func() { KeysBy(nil) }},
+		{"Scope empty", "asynqmutex.Scope", func() { Scope("") }},
+		{"Scope with KeyBy", "KeyBy makes its own keys", func() {
+			Middleware(locks, Scope("a"), KeyBy(func(context.Context, *asynq.Task) (string, error) { return "", nil }))
+		}},
 		{"On and OnEach", "both On and OnEach", func() { Middleware(locks, On("a"), OnEach("b")) }},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
 		{"TTL below MinTTL", "20ms", func() { TTL(3 * time.Millisecond) }},
@@ -604,4 +608,37 @@ func TestMiddlewareSeveralKeys(t *testing.T) {
 	// The same account on both sides is one key.
 	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("transfer", []byte(`{"from":"A","to":"A"}`))))
 	assert.Len(t, fences, 1)
+}
+
+func TestMiddlewareScopeSharesKeysAcrossTypes(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	var inner asynq.Handler
+	ran := map[string]bool{}
+	body := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		ran[task.Type()] = true
+		if task.Type() == "transfer" {
+			// A deposit on account B while the transfer holds it: refused.
+			err := inner.ProcessTask(ctx, asynq.NewTask("deposit", []byte(`{"account":"B"}`)))
+			assert.ErrorIs(t, err, mutex.ErrNotObtained, "a deposit on B waits for the transfer from A to B")
+			assert.Contains(t, err.Error(), `["account","B"]`)
+		}
+		return nil
+	})
+	deposit := Middleware(locks, Scope("account"), On("account"), OnConflict(Fail))(body)
+	inner = deposit
+	transfer := Middleware(locks, OnEach("from", "to"), Scope("account"), OnConflict(Fail))(body)
+	require.NoError(t, transfer.ProcessTask(ctx, asynq.NewTask("transfer", []byte(`{"from":"A","to":"B"}`))))
+	assert.True(t, ran["transfer"])
+	assert.False(t, ran["deposit"])
+	key, err := Key("account", `"B"`)
+	require.NoError(t, err)
+	assert.Equal(t, `["account","B"]`, key, "Key(scope, values...) finds a scoped task's lock")
+
+	// Without On, a scope is one key for every type given it.
+	held, err := locks.TryLock(ctx, `["mailer"]`, time.Minute)
+	require.NoError(t, err)
+	err = Middleware(locks, Scope("mailer"), OnConflict(Fail))(body).ProcessTask(ctx, asynq.NewTask("email:welcome", nil))
+	assert.ErrorIs(t, err, mutex.ErrNotObtained)
+	require.NoError(t, held.Unlock(ctx))
 }

@@ -235,3 +235,40 @@ func ExampleObserve() {
 	// not_obtained report:daily second
 	// released report:daily first
 }
+
+// A transfer locks both accounts as one lock: it waits while any transfer (or any
+// other holder) has either of them, and never deadlocks with a transfer the other
+// way round.
+func ExampleClient_WithLockKeys() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+	ctx := context.Background()
+
+	accounts := []string{"account:A", "account:B"}
+	err = locks.WithLockKeys(ctx, accounts, 30*time.Second, func(ctx context.Context) error {
+		lock, _ := mutex.FromContext(ctx)
+		fmt.Println("moving money under", lock.Keys(), "with", len(lock.Fences()), "fences")
+
+		// Meanwhile a transfer from B to C cannot start: B is taken.
+		_, err := locks.TryLockKeys(ctx, []string{"account:B", "account:C"}, 30*time.Second)
+		fmt.Println("B to C:", err)
+		return nil
+	})
+	fmt.Println("error:", err)
+
+	// All or nothing: C was not left taken by the attempt that failed.
+	held, _ := locks.Locked(ctx, "account:C")
+	fmt.Println("C locked:", held)
+	// Output:
+	// moving money under [account:A account:B] with 2 fences
+	// B to C: mutex: not obtained
+	// error: <nil>
+	// C locked: false
+}

@@ -249,3 +249,44 @@ func (l *ledger) write(fence int64, _ string) error {
 	l.writes++
 	return nil
 }
+
+// Transfers lock both accounts, and deposits the one they touch: Scope("account")
+// gives both task types the same keys, so no two tasks on one account run at once,
+// while tasks on distinct accounts do.
+func ExampleOnEach() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
+	mux := asynq.NewServeMux()
+	var deposit asynq.Handler
+	mux.Handle("transfer", asynqmutex.Middleware(locks,
+		asynqmutex.OnEach("from", "to"), asynqmutex.Scope("account"), asynqmutex.OnConflict(asynqmutex.Skip),
+	)(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		fmt.Printf("transfer %s\n", t.Payload())
+		for _, p := range []string{`{"account":"B"}`, `{"account":"C"}`} {
+			_ = deposit.ProcessTask(ctx, asynq.NewTask("deposit", []byte(p)))
+		}
+		return nil
+	})))
+	deposit = asynqmutex.Middleware(locks,
+		asynqmutex.On("account"), asynqmutex.Scope("account"), asynqmutex.OnConflict(asynqmutex.Skip),
+		asynqmutex.AfterFailure(func(ctx context.Context, t *asynq.Task, err error) {
+			fmt.Printf("  deposit %s skipped: account busy\n", t.Payload())
+		}),
+	)(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		fmt.Printf("  deposit %s\n", t.Payload())
+		return nil
+	}))
+	_ = mux.ProcessTask(context.Background(), asynq.NewTask("transfer", []byte(`{"from":"A","to":"B"}`)))
+	// Output:
+	// transfer {"from":"A","to":"B"}
+	//   deposit {"account":"B"} skipped: account busy
+	//   deposit {"account":"C"}
+}

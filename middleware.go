@@ -347,6 +347,9 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 
 	le := &LockedError{Key: key, Keys: keys, taskType: t.Type(), taskID: id}
+	if busy, ok := mutex.BusyKey(err); ok {
+		le.Key = busy
+	}
 	conflict := func(policy string) {
 		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpConflict, Key: key, Keys: keys, Name: t.Type(), ID: id, Wait: time.Since(start), Policy: policy, Err: le})
 		m.failed(ctx, t, le)

@@ -577,7 +577,8 @@ func TestMiddlewareSeveralKeys(t *testing.T) {
 	locks, _ := newLocks(t)
 	ctx := context.Background()
 	var fences []int64
-	mw := Middleware(locks, OnEach("from", "to"), OnConflict(Fail))
+	var rec recorder
+	mw := Middleware(locks, OnEach("from", "to"), OnConflict(Fail), AfterFailure(rec.hook))
 	h := mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		var p struct{ From, To string }
 		require.NoError(t, json.Unmarshal(task.Payload(), &p))
@@ -599,7 +600,12 @@ func TestMiddlewareSeveralKeys(t *testing.T) {
 	require.NoError(t, err)
 	err = h.ProcessTask(ctx, asynq.NewTask("transfer", []byte(`{"from":"C","to":"B"}`)))
 	require.ErrorIs(t, err, mutex.ErrNotObtained)
-	assert.Contains(t, err.Error(), `one of locks ["transfer","C"] and ["transfer","B"] is held`)
+	assert.Contains(t, err.Error(), `lock ["transfer","B"] (of ["transfer","C"] and ["transfer","B"]) is held`)
+	var le *LockedError
+	require.Len(t, rec.got(), 1)
+	require.ErrorAs(t, rec.got()[0], &le)
+	assert.Equal(t, `["transfer","B"]`, le.Key, "Key is the busy one")
+	assert.Equal(t, []string{`["transfer","C"]`, `["transfer","B"]`}, le.Keys)
 	locked, err := locks.Locked(ctx, `["transfer","C"]`)
 	require.NoError(t, err)
 	assert.False(t, locked, "the free key is not kept when the task does not run")

@@ -85,8 +85,8 @@ type LockedError struct {
 	// Key is the lock key the task needed, whole: it may be long and hold payload
 	// values, so log Error()'s text, which shortens it, rather than Key.
 	Key string
-	// Keys are all the keys of a task that needed several (OnEach, KeysBy), Key being
-	// the first; nil for one key. Any of them may be the busy one.
+	// Keys are all the keys of a task that needed several (OnEach, KeysBy); nil for
+	// one key. Key is then the one found busy (see mutex.BusyKey).
 	Keys    []string
 	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
 
@@ -101,7 +101,7 @@ type LockedError struct {
 func (e *LockedError) Error() string {
 	what := "lock " + shortkey.Show(e.Key) + " is"
 	if e.Keys != nil {
-		what = "one of locks " + showKeys(e.Key, e.Keys) + " is"
+		what = "lock " + shortkey.Show(e.Key) + " (of " + showKeys(e.Key, e.Keys) + ") is"
 	}
 	msg := "asynqmutex: " + what + " held by another task"
 	if e.taskType != "" {

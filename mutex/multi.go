@@ -177,3 +177,31 @@ func (c *Client) batch(keys []string, per, i int) ([]string, bool) {
 	}
 	return keys[i*per : (i+1)*per], true
 }
+
+// BusyKey returns the key another holder had when TryLockKeys, LockKeys or
+// WithLockKeys returned err, an error wrapping ErrNotObtained: of the keys found
+// busy, the first in the order they are taken. It reports false for any other
+// error, and for an acquisition of one key, whose key the caller knows.
+func BusyKey(err error) (key string, ok bool) {
+	var be *busyError
+	if errors.As(err, &be) {
+		return be.key, true
+	}
+	return "", false
+}
+
+// busyError is ErrNotObtained (joined with the context's error, if any) from an
+// acquisition of several keys, naming the key that was busy.
+type busyError struct {
+	key string
+	err error
+}
+
+func (e *busyError) Error() string {
+	if e.err == ErrNotObtained {
+		return "mutex: not obtained: key " + shortkey.Quote(e.key) + " is held"
+	}
+	return "mutex: not obtained, key " + shortkey.Quote(e.key) + " being held: " + e.err.Error()
+}
+
+func (e *busyError) Unwrap() error { return e.err }

@@ -27,6 +27,10 @@ func TestTryLockKeysAllOrNothing(t *testing.T) {
 		require.NoError(t, err)
 		_, err = c.TryLockKeys(ctx, []string{a, bk, cc}, time.Minute)
 		require.ErrorIs(t, err, ErrNotObtained)
+		busy, ok := BusyKey(err)
+		assert.True(t, ok)
+		assert.Equal(t, bk, busy, "the error names the busy key")
+		assert.Contains(t, err.Error(), bk)
 		for _, key := range []string{a, cc} {
 			locked, err := c.Locked(ctx, key)
 			require.NoError(t, err)
@@ -154,6 +158,8 @@ func TestLockKeysGivingUpReleasesWhatItKept(t *testing.T) {
 		case err := <-done:
 			assert.ErrorIs(t, err, ErrNotObtained)
 			assert.ErrorIs(t, err, context.Canceled)
+			busy, _ := BusyKey(err)
+			assert.Equal(t, bk, busy)
 		case <-time.After(10 * time.Second):
 			t.Fatal("LockKeys did not return on cancel")
 		}

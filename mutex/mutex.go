@@ -460,6 +460,7 @@ type acquisition struct {
 	renewed   bool // WithLock renews the lease: a hand-over may give a short one
 	contended bool // an attempt found another holder: OpContended was reported
 	holding   bool // the last attempt kept locks taken before a busy one (several keys)
+	busy      int  // several keys: the index in keys' order of the last busy one
 	start     time.Time
 	id        string   // identity(token)
 	desc      string   // what the holder says about itself, as scripts store it (see describe)
@@ -546,6 +547,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		case err != nil:
 		case len(res) == 3 && res[0] == 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
 			busy, pttl = true, res[1]
+			a.busy = len(fences) + int(res[2]) - 1
 			if w != nil { // the locks before the busy one were taken, and kept
 				fences = append(fences, make([]int64, res[2]-1)...)
 			}

@@ -53,6 +53,13 @@ func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts .
 // the Client's observers.
 func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 	l, err := c.obtain(ctx, a)
+	if a.given != nil && l == nil && errors.Is(err, ErrNotObtained) && a.contended {
+		for i, j := range a.order {
+			if j == a.busy {
+				err = &busyError{key: a.given[i], err: err}
+			}
+		}
+	}
 	if c.observe != nil {
 		e := Event{Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id, Contended: a.contended, Err: err}
 		switch {

@@ -8,11 +8,12 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/link"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -59,6 +60,11 @@ type config struct {
 	policy   Policy
 	hook     func(context.Context, *asynq.Task, error)
 	logger   *slog.Logger // nil: slog.Default() at the time of logging
+
+	maxReschedules    int           // 0: no cap
+	maxRescheduleTime time.Duration // 0: no cap
+
+	meta func(context.Context) taskMeta // what asynq says of the task; a seam for tests
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -268,14 +274,17 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 		panic("asynqmutex.Middleware: nil *mutex.Client")
 	}
 	m := &middleware{
-		locks:     locks,
-		config:    config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay)},
-		conflicts: conflicts{seen: make(map[string]conflict)},
+		locks:  locks,
+		config: config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay), meta: asynqMeta},
 	}
 	for _, o := range opts {
 		o.apply(&m.config)
 	}
 	m.keyFuncs()
+	if m.capped() && (m.policy == Skip || m.policy == Fail) {
+		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
+	}
+	m.rdb, m.prefix = link.Redis(locks)
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
 			panic("asynqmutex.Middleware: nil handler")
@@ -289,11 +298,13 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 type middleware struct {
 	locks *mutex.Client
 	config
-	conflicts conflicts
+	rdb    redis.UniversalClient // the locks' Redis, where conflicts are counted
+	prefix string                // the locks' key prefix
 }
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
-	id, _ := asynq.GetTaskID(ctx)
+	meta := m.meta(ctx)
+	id := meta.id
 	key, keys, err := m.keysOf(ctx, t)
 	if err != nil {
 		var ke *keyError
@@ -306,7 +317,20 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return err
 	}
 
-	wait, lastTry := m.wait(ctx)
+	retryLater := m.policy != Skip && m.policy != Fail
+	lastTry := retryLater && meta.noRetryLeft()
+	// pastCap holds the record of a task that reached a reschedule cap on an earlier
+	// run and has no retry left since: a conflict now fails as under Fail (asynq
+	// archives it) instead of waiting LastTryWait. Only a task that has spent a retry
+	// can be one, so an uncontended task costs no Redis command here, unless it is on
+	// its last retry with a cap set.
+	var pastCap *record
+	if lastTry && m.capped() && meta.retried > 0 && id != "" {
+		if r, err := m.record(ctx, meta, peekConflicts); err == nil && m.capsReached(r) != "" {
+			lastTry, pastCap = false, &r
+		} // on an error, the last try waits as any other: Redis will say more when it answers
+	}
+	wait := m.wait(ctx, lastTry)
 
 	var (
 		ran        bool
@@ -326,7 +350,12 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	shown := showKeys(key, keys)
 
 	if ran {
-		m.conflicts.forget(id)
+		if retryLater && m.capped() && id != "" {
+			// The conflicts are over: a later one starts a new count. Without a cap the
+			// record is left to expire, so that an uncontended task costs no Redis
+			// command beyond its lock's (see RetryLater).
+			m.clearRecord(ctx, meta)
+		}
 		if !errors.Is(err, mutex.ErrNotHeld) {
 			// A release Redis could not confirm needs no retry of the task: the key frees
 			// itself when its lease runs out.
@@ -367,8 +396,28 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		conflict("archive")
 		return &wrapError{msg: le.Error(), err: errors.Join(le, asynq.SkipRetry)}
 	}
-	n := m.conflicts.add(id)
-	le.RetryIn = backoff(time.Duration(m.policy), n)
+
+	r := record{n: 1} // a conflict Redis did not count is taken as a first one
+	if id != "" {
+		mode := countConflict
+		if pastCap != nil {
+			r, mode = *pastCap, lastConflict // asynq archives the task: its count ends here
+		}
+		if got, err := m.record(ctx, meta, mode); err != nil {
+			m.countFailed(ctx, t.Type(), id, shown, err)
+		} else {
+			r = got
+		}
+	}
+	if caps := m.capsReached(r); caps != "" || pastCap != nil {
+		if caps == "" { // the record expired between the two calls
+			caps = m.capsReached(*pastCap)
+		}
+		le.caps, le.conflicts, le.since, le.archived = caps, r.n, r.elapsed, pastCap != nil
+		conflict("fail")
+		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
+	}
+	le.RetryIn = backoff(time.Duration(m.policy), r.n)
 	conflict("retry")
 	return le
 }
@@ -417,17 +466,17 @@ func showKeys(key string, keys []string) string {
 }
 
 // wait returns how long the task may wait for a busy key: MaxWait, or at least
-// LastTryWait when the task has no retry left under RetryLater (lastTry), and in
-// any case ending DeadlineMargin before the task's deadline.
-func (m *middleware) wait(ctx context.Context) (wait time.Duration, lastTry bool) {
-	wait = m.maxWait
-	if m.policy != Skip && m.policy != Fail && noRetryLeft(ctx) {
-		wait, lastTry = max(wait, LastTryWait), true
+// LastTryWait on a last try under RetryLater (lastTry), and in any case ending
+// DeadlineMargin before the task's deadline.
+func (m *middleware) wait(ctx context.Context, lastTry bool) time.Duration {
+	wait := m.maxWait
+	if lastTry {
+		wait = max(wait, LastTryWait)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(deadline)-DeadlineMargin)
 	}
-	return max(wait, 0), lastTry
+	return max(wait, 0)
 }
 
 // backoff is d doubled for each conflict after the first, up to 16·d, and never
@@ -450,11 +499,7 @@ func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, shown str
 	if handlerErr != nil {
 		outcome = "failed: the handler returned an error"
 	}
-	logger := m.logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	logger.LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
+	m.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: lock lost while the handler ran; another worker may have run a task with the same key at the same time",
 		slog.String("task_type", shortkey.Shorten(t.Type())),
 		slog.String("task_id", shortkey.Shorten(id)),
 		slog.String("key", shown),
@@ -486,71 +531,37 @@ func idSuffix(id string) string {
 	return " (id " + id + ")"
 }
 
+func (m *middleware) log() *slog.Logger {
+	if m.logger != nil {
+		return m.logger
+	}
+	return slog.Default()
+}
+
 func (m *middleware) failed(ctx context.Context, t *asynq.Task, err error) {
 	if m.hook != nil {
 		m.hook(ctx, t, err)
 	}
 }
 
-// noRetryLeft reports whether asynq would archive the task for any error it returns
-// now: asynq compares the retry count with MaxRetry before it asks IsFailure.
-func noRetryLeft(ctx context.Context) bool {
+// taskMeta is what asynq tells a handler about its task.
+type taskMeta struct {
+	id, queue         string // "" when not run by an asynq server
+	retried, maxRetry int
+	counted           bool // retried and maxRetry are known
+}
+
+func asynqMeta(ctx context.Context) taskMeta {
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
-	return ok1 && ok2 && retried >= maxRetry
+	return taskMeta{id: id, queue: queue, retried: retried, maxRetry: maxRetry, counted: ok1 && ok2}
 }
 
-// conflicts counts, per task ID, the conflicts a task met in this process, to back off
-// RetryLater. asynq cannot count them: a busy key is not a failure, so the retry count
-// it passes on stays the same, and a handler cannot change what asynq stores with the
-// task. Entries expire, and the map is bounded (see RetryLater).
-type conflicts struct {
-	mu   sync.Mutex
-	seen map[string]conflict
-}
-
-type conflict struct {
-	n    int
-	last time.Time
-}
-
-const (
-	conflictMemory = time.Hour
-	maxConflicts   = 100_000
-)
-
-func (c *conflicts) add(id string) int {
-	if id == "" { // not run by an asynq server: nothing to remember it by
-		return 1
-	}
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.seen) >= maxConflicts {
-		for k, v := range c.seen {
-			if now.Sub(v.last) > conflictMemory {
-				delete(c.seen, k)
-			}
-		}
-		if len(c.seen) >= maxConflicts {
-			clear(c.seen) // backoff restarts for everyone: bounded memory matters more
-		}
-	}
-	e := c.seen[id]
-	if now.Sub(e.last) > conflictMemory {
-		e.n = 0
-	}
-	e.n++
-	e.last = now
-	c.seen[id] = e
-	return e.n
-}
-
-func (c *conflicts) forget(id string) {
-	c.mu.Lock()
-	delete(c.seen, id)
-	c.mu.Unlock()
-}
+// noRetryLeft reports whether asynq would archive the task for any error it returns
+// now: asynq compares the retry count with MaxRetry before it asks IsFailure.
+func (t taskMeta) noRetryLeft() bool { return t.counted && t.retried >= t.maxRetry }
 
 // Fence returns the fencing token of the lock the handler runs under: strictly
 // greater than that of any earlier holder of the same key. Pass it to the resource you

@@ -331,22 +331,6 @@ func TestMiddlewareLeaseLostAfterSuccess(t *testing.T) {
 	assert.NotContains(t, out, token, "tokens never appear in logs")
 }
 
-func TestConflictBackoff(t *testing.T) {
-	var c conflicts
-	c.seen = make(map[string]conflict)
-	for i, want := range []int{1, 2, 3} {
-		if got := c.add("a"); got != want {
-			t.Errorf("add #%d = %d, want %d", i, got, want)
-		}
-	}
-	assert.Equal(t, 1, c.add("b"))
-	c.forget("a")
-	assert.Equal(t, 1, c.add("a"), "forgotten after a run")
-	c.seen["old"] = conflict{n: 7, last: time.Now().Add(-2 * conflictMemory)}
-	assert.Equal(t, 1, c.add("old"), "expired")
-	assert.Equal(t, 1, c.add(""), "no task ID")
-}
-
 func TestConfigure(t *testing.T) {
 	locked := &LockedError{Key: "k", RetryIn: 4 * time.Second}
 	other := errors.New("boom")
@@ -406,6 +390,12 @@ func TestOptionPanics(t *testing.T) {
 		{"OnConflict", "asynqmutex.OnConflict", func() { OnConflict(Policy(0)) }},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
 		{"Logger", "asynqmutex.Logger", func() { Logger(nil) }},
+		{"MaxReschedules zero", "asynqmutex.MaxReschedules", func() { MaxReschedules(0) }},
+		{"MaxReschedules negative", "asynqmutex.MaxReschedules", func() { MaxReschedules(-1) }},
+		{"MaxRescheduleTime zero", "asynqmutex.MaxRescheduleTime", func() { MaxRescheduleTime(0) }},
+		{"MaxRescheduleTime negative", "asynqmutex.MaxRescheduleTime", func() { MaxRescheduleTime(-time.Second) }},
+		{"cap with Skip", "asynqmutex.Middleware", func() { Middleware(locks, MaxReschedules(1), OnConflict(Skip)) }},
+		{"cap with Fail", "asynqmutex.Middleware", func() { Middleware(locks, OnConflict(Fail), MaxRescheduleTime(time.Minute)) }},
 		{"nil handler", "asynqmutex.Middleware", func() { Middleware(locks)(nil) }},
 	}
 	for _, tt := range tests {

@@ -36,18 +36,33 @@ const DefaultRetryDelay = 5 * time.Second
 // further conflict of the same task up to 16·d. With Configure, asynq does not count
 // a LockedError as a failure (the retry counter stays as it was) and RetryDelay adds
 // jitter. Without Configure it is an ordinary error that spends a retry, and asynq's
-// own backoff (DefaultRetryDelayFunc), not RetryIn, sets the delay.
+// own backoff (DefaultRetryDelayFunc), not RetryIn, sets the delay. By default a task
+// is sent back for as long as its key stays busy; MaxReschedules and
+// MaxRescheduleTime cap that, after which its conflicts fail as under Fail.
 //
 // A task that has no retry left (MaxRetry(0), or retries used up by real failures)
 // would be archived by asynq for any error, so for it the middleware waits for the key
 // instead, up to LastTryWait (or MaxWait if longer), and archives it with an error
 // saying the key was busy if it still is.
 //
-// The conflicts behind the doubling are counted per task ID in the memory of the
-// worker process, for an hour after the last one and for at most 100,000 tasks at a
-// time (then all counts restart): asynq keeps no count of them, since a busy key is
-// not a failure. A task that moves to another worker, or meets a restarted one,
-// starts again from d.
+// The conflicts behind the doubling and the caps are counted per task (queue and
+// task ID) in the lock Redis, one script call per conflict, since asynq keeps no
+// count of them: a busy key is not a failure. So a task that moves to another
+// worker, or meets a restarted one, doubles on from where it was, and a cap counts
+// the conflicts met on every worker. A task not run by an asynq server has no ID
+// and is not counted. If Redis cannot count a conflict, the task is sent back after
+// d, as at a first conflict, that conflict does not count toward a cap, and the
+// middleware logs it at Warn (see Logger): the task is never lost, but a Redis that
+// counts nothing leaves it uncapped.
+//
+// The count is a hash at the mutex.Client's prefix + "reschedule:" + queue + ":" +
+// task ID ('%' and ':' in the queue name escaped as %25 and %3A): one key, so one
+// Redis Cluster slot. It expires twice 16·d plus an hour after the last conflict,
+// so a task that waits in its queue longer than that before its next conflict
+// starts counting again. With a cap set it is deleted when the task obtains its key,
+// one more Redis command for every task run. Without a cap it is left to expire, so
+// that a task that meets no busy key costs no Redis command beyond its lock's; a
+// task that meets one again within that time doubles on from where it stopped.
 //
 // asynq keeps retry times in whole seconds, so d is rounded up to a whole number of
 // seconds, at least 1s: RetryLater(500*time.Millisecond) is RetryLater(time.Second).
@@ -79,8 +94,11 @@ func (p Policy) String() string {
 
 // LockedError is what a task returns under RetryLater when its key was busy. It
 // wraps mutex.ErrNotObtained. Configure makes asynq treat it as no failure and retry
-// the task after RetryIn plus jitter. The AfterFailure hook receives one for every
-// conflict, with RetryIn 0 under Skip and Fail.
+// the task after RetryIn plus jitter. Past a reschedule cap (MaxReschedules,
+// MaxRescheduleTime) the task returns an ordinary error instead, as under Fail, whose
+// text is the LockedError's followed by mutex.ErrNotObtained's. The AfterFailure
+// hook receives a LockedError for every conflict, with RetryIn 0 under Skip and Fail
+// and past a cap.
 type LockedError struct {
 	// Key is the lock key the task needed, whole: it may be long and hold payload
 	// values, so log Error()'s text, which shortens it, rather than Key.
@@ -91,13 +109,18 @@ type LockedError struct {
 	RetryIn time.Duration // when to run the task again; 0 when it will not be retried
 
 	taskType, taskID string
-	waited           time.Duration // with archived: how long the task waited
+	waited           time.Duration // with archived and no caps: how long the task waited
 	archived         bool          // the task had no retry left: asynq archives it
+
+	caps      string        // the reschedule caps reached, "" if none
+	conflicts int           // with caps: the conflicts counted, this one included
+	since     time.Duration // with caps: since the first conflict
 }
 
 // Error names the task and the key, shortened past 100 bytes (with a digest), and
-// the delay asked for. Only a server set up with Configure retries after RetryIn;
-// without it asynq's own backoff applies, and the text says so.
+// the delay asked for, or the reschedule cap reached. Only a server set up with
+// Configure retries after RetryIn; without it asynq's own backoff applies, and the
+// text says so.
 func (e *LockedError) Error() string {
 	what := "lock " + shortkey.Show(e.Key) + " is"
 	if e.Keys != nil {
@@ -108,6 +131,11 @@ func (e *LockedError) Error() string {
 		msg = fmt.Sprintf("asynqmutex: task %s%s: %s held by another task", shortkey.Quote(e.taskType), idSuffix(e.taskID), what)
 	}
 	switch {
+	case e.caps != "":
+		msg += fmt.Sprintf("; reschedule cap %s reached: %d conflicts in %v, so this one is a failure", e.caps, e.conflicts, e.since.Round(time.Millisecond))
+		if e.archived {
+			msg += " and, with no retry left, the task is archived"
+		}
 	case e.archived:
 		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
 	case e.RetryIn > 0:

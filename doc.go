@@ -12,6 +12,8 @@
 //     d. With Configure, asynq does not count this as a failure, so contention never
 //     spends a task's retries. A task with no retry left waits for the key instead (see
 //     LastTryWait), and is archived, saying why, only if it stays busy.
+//     MaxReschedules and MaxRescheduleTime cap how often or how long a task is sent
+//     back; past the cap its conflicts fail as under Fail.
 //   - Skip: the task completes without running.
 //   - Fail: an ordinary error; asynq retries it with its normal backoff.
 //

@@ -290,3 +290,21 @@ func ExampleOnEach() {
 	//   deposit {"account":"B"} skipped: account busy
 	//   deposit {"account":"C"}
 }
+
+// A task whose key stays busy is sent back at most 20 times, and not once an hour
+// has passed since its first conflict: past either cap each conflict is a failure,
+// and asynq archives the task when its retries are used up.
+func ExampleMaxReschedules() {
+	redisOpt := asynq.RedisClientOpt{Addr: "127.0.0.1:6379"}
+	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
+	defer rdb.Close()
+
+	mux := asynq.NewServeMux()
+	mux.Use(asynqmutex.Middleware(mutex.New(rdb), asynqmutex.On("transaction_id"),
+		asynqmutex.OnConflict(asynqmutex.RetryLater(10*time.Second)),
+		asynqmutex.MaxReschedules(20),           // at most 20 reschedules, and/or
+		asynqmutex.MaxRescheduleTime(time.Hour), // none once an hour has passed since the first conflict
+	))
+	srv := asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{Concurrency: 10}))
+	_ = srv // srv.Run(mux)
+}

@@ -401,3 +401,22 @@ func TestRecordExpiry(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxReschedulesSeveralKeys: a task with several keys (OnEach) is counted as one
+// task, whichever of its keys is busy, and the cap's text names its keys.
+func TestMaxReschedulesSeveralKeys(t *testing.T) {
+	locks, _ := newLocks(t)
+	holder, err := locks.TryLock(context.Background(), `["xfer","B"]`, time.Hour)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Unlock(context.Background()) })
+	h := Middleware(locks, OnEach("from", "to"), OnConflict(RetryLater(time.Second)), MaxReschedules(1),
+		newFakeTask("t10", 3).option())(mustNotRun(t))
+	task := asynq.NewTask("xfer", []byte(`{"from":"A","to":"B"}`))
+	rescheduled(t, h.ProcessTask(context.Background(), task), time.Second, "conflict 1")
+	err = h.ProcessTask(context.Background(), task)
+	require.ErrorIs(t, err, mutex.ErrNotObtained)
+	assert.True(t, IsFailure(err))
+	for _, w := range []string{`["xfer","A"]`, `["xfer","B"]`, "reschedule cap MaxReschedules(1) reached", "2 conflicts"} {
+		assert.Contains(t, err.Error(), w)
+	}
+}

@@ -174,6 +174,7 @@ type lockConfig struct {
 	maxWait time.Duration // < 0: until the context is done
 	token   string
 	by      heldBy
+	limit   int // holders at once; > 1: a semaphore (semaphore.go)
 }
 
 // heldBy is what a holder says about itself with HeldBy.
@@ -232,6 +233,7 @@ type Lock struct {
 	fence int64
 	by    heldBy
 	taken time.Time // when the attempt that took it was sent, on our clock
+	limit int       // > 1: a slot of a semaphore (semaphore.go)
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
@@ -272,6 +274,9 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil {
 		return 0, ErrNotHeld
 	}
+	if l.limit > 1 {
+		return l.semTTL(ctx)
+	}
 	n, err := pttlScript.Run(ctx, l.c.rdb, l.keys[:1], l.id).Int64()
 	switch {
 	case err != nil:
@@ -302,6 +307,9 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 
 // extend is Extend without the event of a lost lease: WithLock reports that itself.
 func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
+	if l.limit > 1 {
+		return l.semExtend(ctx, ttl)
+	}
 	if err := checkTTL(ttl); err != nil {
 		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
 	}
@@ -368,6 +376,9 @@ func (l *Lock) emit(ctx context.Context, op Op, err error) {
 
 // unlock is Unlock without events: WithLock decides what its result means.
 func (l *Lock) unlock(ctx context.Context) error {
+	if l.limit > 1 {
+		return l.semUnlock(ctx)
+	}
 	n, err := l.c.release(ctx, l.keys, l.id, "")
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
@@ -421,6 +432,9 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 		return false, errors.New("mutex: empty key")
 	}
 	n, err := lockedScript.Run(ctx, c.rdb, []string{c.redisKey(key)}).Int64()
+	if isWrongType(err) {
+		return c.semLocked(ctx, key) // held with Limit(n): semaphore.go
+	}
 	if err != nil {
 		return false, fmt.Errorf("mutex: locked %s: %w", shortkey.Quote(key), err)
 	}
@@ -476,6 +490,9 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 // lease (-1: none), or an error. A non-nil w is queued in Redis when the lock is busy,
 // atomically with the failed attempt, so no release after it can miss w.
 func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
+	if a.limit > 1 {
+		return c.semAttempt(ctx, a, w)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, 0, errors.Join(ErrNotObtained, err)
 	}
@@ -489,6 +506,9 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	sent := time.Now()
 	res, err := lockScript.Run(ctx, c.rdb, a.keys,
 		a.id, a.ttl.Milliseconds(), id, queued, a.desc).Int64Slice()
+	if isWrongType(err) {
+		return c.semLimitHeld(ctx, a, w) // the key is held with Limit(n): semaphore.go
+	}
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
@@ -516,7 +536,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 // lock is the Lock this acquisition holds with fence f, granted for lease by a
 // command sent at sent or later.
 func (a *acquisition) lock(f int64, sent time.Time, lease time.Duration) *Lock {
-	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, by: a.by, taken: sent, until: leaseEnd(sent, lease)}
+	return &Lock{c: a.c, key: a.key, keys: a.keys, id: a.id, fence: f, by: a.by, taken: sent, until: leaseEnd(sent, lease), limit: a.limit}
 }
 
 // handOverLease is the lease a release hands this acquisition's waiter.
@@ -531,6 +551,10 @@ func (a *acquisition) handOverLease() time.Duration {
 // server may have applied it and lost the reply. It tries for at most a second, and
 // never past the lease, after which the key is free anyway.
 func (c *Client) abandon(ctx context.Context, a *acquisition) {
+	if a.limit > 1 {
+		c.semAbandon(ctx, a)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
 	_, _ = c.release(ctx, a.keys, a.id, "")

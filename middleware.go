@@ -54,6 +54,7 @@ type config struct {
 	policy   Policy
 	hook     func(context.Context, *asynq.Task, error)
 	logger   *slog.Logger // nil: slog.Default() at the time of logging
+	limit    int          // tasks per key at once; 0 means 1
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -126,6 +127,25 @@ func OnConflict(p Policy) Option {
 	return optionFunc(func(c *config) { c.policy = p })
 }
 
+// Limit lets up to n tasks with the same key run at once, on every worker that
+// shares the lock Redis, instead of one: with On("tenant_id") and Limit(5), at most
+// five tasks of each tenant run at a time; with Limit alone, at most n tasks of the
+// type run in the whole fleet. A task beyond the limit is handled as one whose key is
+// busy: it waits up to MaxWait, woken when a running task of its key finishes, and
+// then the OnConflict policy applies. Each running task holds a slot of its own
+// (mutex.Limit), with its own lease, renewal and fence. The default is 1.
+//
+// Every middleware that takes a key must use the same n while tasks hold it: a task
+// that meets another limit (during a rolling deploy that changes n, say) fails with an
+// ordinary, retryable error wrapping *mutex.LimitError, which names both limits, and
+// AfterFailure is called. Limit panics if n is below 1 or above mutex.MaxLimit.
+func Limit(n int) Option {
+	if n < 1 || n > mutex.MaxLimit {
+		panic(fmt.Sprintf("asynqmutex.Limit: limit %d outside [1, %d] (mutex.MaxLimit)", n, mutex.MaxLimit))
+	}
+	return optionFunc(func(c *config) { c.limit = n })
+}
+
 // AfterFailure calls fn each time a task runs without its handler because the lock
 // was not obtained: the key was busy (err is a *LockedError), Redis could not be
 // reached, or no key could be derived from the task. It is not called for a lease lost
@@ -156,8 +176,8 @@ func Logger(l *slog.Logger) Option {
 
 // Middleware returns asynq middleware that runs each task's handler under a Redis
 // lock on the task's key (see On and KeyBy), so tasks with equal keys never run at
-// the same time on any worker that shares the lock Redis, while tasks with other keys
-// run in parallel. Use it with mux.Use(...) or Middleware(...)(handler).
+// the same time (or no more than n at a time, with Limit) on any worker that shares
+// the lock Redis, while tasks with other keys run in parallel. Use it with mux.Use(...) or Middleware(...)(handler).
 //
 // Per task: derive the key; take the lock, waiting up to MaxWait; run the handler
 // while the lease is renewed every TTL/3; release; return the handler's result
@@ -241,7 +261,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
 		return nil // kept apart, so that err is only about the lock
-	}, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
+	}, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id), mutex.Limit(max(m.limit, 1)))
 
 	if ran {
 		m.conflicts.forget(id)

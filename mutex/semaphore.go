@@ -80,7 +80,11 @@ const releasedInfix = ":released:"
 // ForceRelease refuses a key held with Limit(n), n > 1, with an error that says so.
 //
 // Every step is one script call, as for a plain lock, and reads all holders of the
-// key, so its cost grows with n. Limit panics if n is below 1 or above MaxLimit.
+// key, so its cost grows with n. The holders live in a Redis hash at the key a plain
+// lock would use (so the two cannot be mixed unnoticed), the waiters in the plain
+// lock's queue, and a release marks itself for 10s in the key plus ":released:" and
+// a digest of the token; all share the key's hash tag, so one Redis Cluster slot.
+// Limit panics if n is below 1 or above MaxLimit.
 func Limit(n int) LockOption {
 	if n < 1 || n > MaxLimit {
 		panic(fmt.Sprintf("mutex.Limit: limit %d outside [1, %d] (MaxLimit)", n, MaxLimit))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -180,9 +181,6 @@ func TestLimitWaiterGetsEndedSlot(t *testing.T) {
 	// A waiter whose holder crashed is told nothing: it comes back when the earliest
 	// lease of the key ends. Real leases, short ones, since it sleeps on its own clock.
 	each(t, func(t *testing.T, b backend) {
-		if !b.real {
-			t.Skip("miniredis's TIME follows the real clock, but its key expiry does not")
-		}
 		c := New(b.rdb)
 		ctx := context.Background()
 		key := uniqueKey(t)
@@ -360,4 +358,46 @@ func TestLimitPanics(t *testing.T) {
 		assert.PanicsWithValue(t, fmt.Sprintf("mutex.Limit: limit %d outside [1, %d] (MaxLimit)", n, MaxLimit), func() { Limit(n) })
 	}
 	assert.NotPanics(t, func() { Limit(1); Limit(MaxLimit) })
+}
+
+func TestLimitLostReplies(t *testing.T) {
+	// Real replies lost on the wire (see TestLostReplyRetriedThroughProxy): go-redis
+	// sends the script again, which must find its own slot (acquire) or its own
+	// release, not report "not obtained" or a lost lease.
+	_, p, _, c := throughProxy(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	for _, s := range []*redis.Script{semLockScript, semReleaseScript} {
+		require.NoError(t, s.Load(ctx, c.rdb).Err())
+	}
+	other, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+	require.NoError(t, err)
+
+	p.DropReplies(1)
+	l, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+	require.NoError(t, err, "the retried attempt must find its own slot")
+	assert.Equal(t, 1, p.Dropped(), "a reply was dropped")
+	in, err := c.Inspect(ctx, key)
+	require.NoError(t, err)
+	assert.Len(t, in.Slots, 2, "one slot for the attempt and its repeat")
+
+	p.DropReplies(1)
+	require.NoError(t, l.Unlock(ctx), "the repeated release finds its own mark")
+	assert.Equal(t, 2, p.Dropped())
+	in, err = c.Inspect(ctx, key)
+	require.NoError(t, err)
+	assert.Len(t, in.Slots, 1, "the release freed exactly one slot")
+	// Control: without its mark, the repeat would be told the slot is not held.
+	n, err := semReleaseScript.Run(ctx, c.rdb, []string{l.keys[0], l.keys[1], l.keys[0] + releasedInfix + "none"},
+		l.id, "", c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+	require.NoError(t, err)
+	assert.Zero(t, n, "control: a repeated release without its mark")
+
+	err = c.WithLock(ctx, key, time.Minute, func(context.Context) error {
+		p.DropReplies(1) // the release's reply, after fn returns
+		return nil
+	}, Limit(2))
+	require.NoError(t, err, "WithLock must not report a lost lease")
+	assert.Equal(t, 3, p.Dropped())
+	require.NoError(t, other.Unlock(ctx))
 }

@@ -15,7 +15,7 @@ if semType(KEYS[1]) ~= 'hash' then
   return {0, 0}
 end
 local us, ms = semNow()
-local s = semLoad(KEYS[1], ms)
+local s = semLoad(KEYS[1], ms, '')
 semHandOver(KEYS[1], KEYS[2], s, '', '', '', 0, ARGV[1], ARGV[2], us, ms)
 semStore(KEYS[1], s, '0000', us, ms, ARGV[3])
 if s.live == 0 then

@@ -35,7 +35,7 @@ if t == 'string' then
 elseif t ~= 'hash' and t ~= 'none' then
   return {-3, 0}
 end
-local s = semLoad(KEYS[1], ms)
+local s = semLoad(KEYS[1], ms, 'h' .. ARGV[1])
 s.fence = math.max(s.fence, base)
 if s.live > 0 and s.limit ~= n then
   return {-1, s.limit}
@@ -49,7 +49,7 @@ if ARGV[3] ~= '' then
   entry = ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5]
 end
 local lease = tonumber(ARGV[2])
-local mine = redis.call('HGET', KEYS[1], 'h' .. ARGV[1])
+local mine = s.mine
 if mine then -- ours already (a retry after a lost reply, or a hand-over not heard)
   local e = ms + lease
   redis.call('HSET', KEYS[1], 'h' .. ARGV[1], string.format('%d', e) .. string.match(mine, '^%d+(.*)$'))

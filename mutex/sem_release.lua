@@ -20,10 +20,12 @@ if ARGV[2] ~= '' then
 end
 local us, ms = semNow()
 if semType(KEYS[1]) == 'hash' then
-  local s = semLoad(KEYS[1], ms)
-  local released = redis.call('HDEL', KEYS[1], 'h' .. ARGV[1]) == 1
+  local s = semLoad(KEYS[1], ms, '')
+  local released = s.held['h' .. ARGV[1]] ~= nil
   local by = '0000'
   if released then
+    redis.call('HDEL', KEYS[1], 'h' .. ARGV[1])
+    s.held['h' .. ARGV[1]] = nil
     s.live = s.live - 1
     by = ARGV[1]
     redis.call('SET', KEYS[3], '1', 'PX', ARGV[5])

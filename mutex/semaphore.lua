@@ -32,10 +32,12 @@ end
 
 -- semLoad reads the semaphore h as it is at server time ms, dropping holders whose
 -- lease has ended. It returns s: live (holders left), limit (0 when unset), fence,
--- first and last (the earliest and latest lease end of the holders left, in ms).
-local function semLoad(h, ms)
+-- first and last (the earliest and latest lease end of the holders left, in ms),
+-- held (the set of their fields), and mine, the value of field mine if that holder is
+-- left (nil otherwise).
+local function semLoad(h, ms, mine)
   local all = redis.call('HGETALL', h)
-  local s = {live = 0, limit = 0, fence = 0, first = nil, last = 0}
+  local s = {live = 0, limit = 0, fence = 0, first = nil, last = 0, held = {}, mine = nil}
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
     if string.byte(f, 1) == 104 then -- "h": a holder
@@ -44,10 +46,14 @@ local function semLoad(h, ms)
         redis.call('HDEL', h, f)
       else
         s.live = s.live + 1
+        s.held[f] = true
         if not s.first or e < s.first then
           s.first = e
         end
         s.last = math.max(s.last, e)
+        if f == mine then
+          s.mine = v
+        end
       end
     elseif f == 'limit' then
       s.limit = tonumber(v) or 0
@@ -66,6 +72,7 @@ local function semGrant(h, s, id, desc, lease, us, ms)
   local e = ms + lease
   redis.call('HSET', h, 'h' .. id, string.format('%d %d %d ', e, f, us) .. desc, 'fence', string.format('%d', f))
   s.live = s.live + 1
+  s.held['h' .. id] = true
   if not s.first or e < s.first then
     s.first = e
   end
@@ -97,13 +104,14 @@ local function semHandOver(h, q, s, self, id, desc, lease, chan, counts, us, ms)
     local n = s2 and tonumber(string.sub(e, s2 + 1, s2 + 4))
     if dot and l and n and dot < s1 and l > 0 then
       local wid = string.sub(e, s2 + 1, s2 + 4 + n)
-      if not redis.call('HGET', h, 'h' .. wid) then
+      if not s.held['h' .. wid] then
         local f = semGrant(h, s, wid, string.sub(e, s2 + 5 + n), l, us, ms)
         local got = redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1),
           string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.format('%d', f))
         if got == 0 and counts == '1' then
           redis.call('HDEL', h, 'h' .. wid)
           s.live = s.live - 1
+          s.held['h' .. wid] = nil
         end
       end
     end

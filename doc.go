@@ -1,6 +1,8 @@
 // Package asynqmutex runs asynq tasks one at a time per key, across every worker
 // process and machine that shares a Redis: two tasks for the same payment, booking or
 // account never run at once, while tasks for different ones run in parallel.
+// With Limit(n), up to n tasks per key run at once: a concurrency cap per tenant,
+// customer or task type.
 //
 // Middleware derives a lock key from the task type and selected JSON payload fields
 // (On("transaction_id")), takes a Redis lock (package mutex) before the handler runs,

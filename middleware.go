@@ -65,6 +65,8 @@ type config struct {
 	maxRescheduleTime time.Duration // 0: no cap
 
 	meta func(context.Context) taskMeta // what asynq says of the task; a seam for tests
+
+	limit int // tasks per key at once; 0 means 1
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -107,6 +109,9 @@ func (c *config) setKey(by string, one KeyFunc, several KeysFunc) {
 func (c *config) keyFuncs() {
 	if c.scope != "" && (c.keySetBy == "KeyBy" || c.keySetBy == "KeysBy") {
 		panic("asynqmutex.Middleware: Scope names the keys of On, OnEach and the task type; " + c.keySetBy + " makes its own keys")
+	}
+	if c.limit > 1 && (c.keySetBy == "OnEach" || c.keySetBy == "KeysBy") {
+		panic("asynqmutex.Middleware: Limit caps the tasks of one key; " + c.keySetBy + " gives a task several keys")
 	}
 	switch {
 	case c.keySetBy == "On":
@@ -210,6 +215,27 @@ func OnConflict(p Policy) Option {
 	return optionFunc(func(c *config) { c.policy = p })
 }
 
+// Limit lets up to n tasks with the same key run at once, on every worker that
+// shares the lock Redis, instead of one: with On("tenant_id") and Limit(5), at most
+// five tasks of each tenant run at a time; with Limit alone, at most n tasks of the
+// type run in the whole fleet. A task beyond the limit is handled as one whose key is
+// busy: it waits up to MaxWait, woken when a running task of its key finishes, and
+// then the OnConflict policy applies. Each running task holds a slot of its own
+// (mutex.Limit), with its own lease, renewal and fence. The default is 1.
+//
+// Every middleware that takes a key must use the same n while tasks hold it: a task
+// that meets another limit (during a rolling deploy that changes n, say) fails with an
+// ordinary, retryable error wrapping *mutex.LimitError, which names both limits, and
+// AfterFailure is called. Limit panics if n is below 1 or above mutex.MaxLimit;
+// Middleware panics if Limit(n > 1) is given with OnEach or KeysBy, whose tasks hold
+// several keys. With Scope, the tasks of several types share the n slots.
+func Limit(n int) Option {
+	if n < 1 || n > mutex.MaxLimit {
+		panic(fmt.Sprintf("asynqmutex.Limit: limit %d outside [1, %d] (mutex.MaxLimit)", n, mutex.MaxLimit))
+	}
+	return optionFunc(func(c *config) { c.limit = n })
+}
+
 // AfterFailure calls fn each time a task runs without its handler because the lock
 // was not obtained: the key was busy (err is a *LockedError), Redis could not be
 // reached, or no key could be derived from the task. It is not called for a lease lost
@@ -240,8 +266,8 @@ func Logger(l *slog.Logger) Option {
 
 // Middleware returns asynq middleware that runs each task's handler under a Redis
 // lock on the task's key (see On and KeyBy), so tasks with equal keys never run at
-// the same time on any worker that shares the lock Redis, while tasks with other keys
-// run in parallel. Use it with mux.Use(...) or Middleware(...)(handler).
+// the same time (or no more than n at a time, with Limit) on any worker that shares
+// the lock Redis, while tasks with other keys run in parallel. Use it with mux.Use(...) or Middleware(...)(handler).
 //
 // Per task: derive the key; take the lock, waiting up to MaxWait; run the handler
 // while the lease is renewed every TTL/3; release; return the handler's result
@@ -345,7 +371,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if keys != nil {
 		err = m.locks.WithLockKeys(ctx, keys, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
 	} else {
-		err = m.locks.WithLock(ctx, key, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
+		err = m.locks.WithLock(ctx, key, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id), mutex.Limit(max(m.limit, 1)))
 	}
 	shown := showKeys(key, keys)
 

@@ -22,7 +22,8 @@ const (
 	OpContended
 	// OpNotObtained: an acquisition ended without the lock. Err wraps ErrNotObtained
 	// when the key stayed busy (joined with the context's error when that ended the
-	// wait) and is a Redis error otherwise; Wait is how long it tried; Contended as
+	// wait), is a *LimitError when the key's holders use another limit (see Limit),
+	// and is a Redis error otherwise; Wait is how long it tried; Contended as
 	// for OpAcquired. Every OpContended is followed by one OpAcquired or OpNotObtained
 	// with Contended set, so "waiting now" is the difference of their counts.
 	OpNotObtained

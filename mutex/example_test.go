@@ -272,3 +272,47 @@ func ExampleClient_WithLockKeys() {
 	// error: <nil>
 	// C locked: false
 }
+
+// Limit(n) lets n holders in at once: here at most 2 exports per tenant run at a
+// time. A third waits until one of them releases its slot, which is handed to it at
+// once.
+func ExampleLimit() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+	ctx := context.Background()
+
+	key := "export:tenant-7"
+	a, _ := locks.TryLock(ctx, key, 30*time.Second, mutex.Limit(2))
+	b, _ := locks.TryLock(ctx, key, 30*time.Second, mutex.Limit(2))
+	_, err = locks.TryLock(ctx, key, 30*time.Second, mutex.Limit(2))
+	fmt.Println("third TryLock:", err)
+
+	in, _ := locks.Inspect(ctx, key)
+	fmt.Printf("holders: %d of %d; fences increase: %v\n", len(in.Slots), in.Limit, b.Fence() > a.Fence())
+
+	// Every holder of a key must ask with the same limit.
+	_, err = locks.TryLock(ctx, key, 30*time.Second)
+	var le *mutex.LimitError
+	fmt.Println("plain TryLock:", errors.As(err, &le), le.Held, le.Asked)
+
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_ = a.Unlock(ctx)
+	}()
+	c, err := locks.Lock(ctx, key, 30*time.Second, mutex.Limit(2), mutex.MaxWait(5*time.Second))
+	fmt.Println("waited for a slot:", err, c.Fence() > b.Fence())
+	_ = b.Unlock(ctx)
+	_ = c.Unlock(ctx)
+	// Output:
+	// third TryLock: mutex: not obtained
+	// holders: 2 of 2; fences increase: true
+	// plain TryLock: true 2 1
+	// waited for a slot: <nil> true
+}

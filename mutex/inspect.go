@@ -76,6 +76,11 @@ type Info struct {
 	// stays listed until a release passes it over or the queue expires.
 	Waiting int
 	Waiters []Holder
+	// Limit is n for a key held with Limit(n), n > 1, and 0 for a plain lock; Slots
+	// then lists every holder, oldest fence first, and Holder, Fence, Since and
+	// HeldFor describe the newest, while TTL is the longest lease left.
+	Limit int
+	Slots []Slot
 }
 
 // lockValue is a lock key's value read as common.lua documents it.
@@ -164,6 +169,9 @@ func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
 	}
 	rkey := c.redisKey(key)
 	res, err := inspectScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, maxListedWaiters).Slice()
+	if isWrongType(err) {
+		return c.semInspect(ctx, key) // held with Limit(n): semaphore.go
+	}
 	if err != nil {
 		return Info{}, fmt.Errorf("mutex: inspect %s: %w", shortkey.Quote(key), err)
 	}
@@ -247,7 +255,10 @@ var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23"
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 	return func(yield func(Info, error) bool) {
 		scan := func(ctx context.Context, rdb redis.UniversalClient) error {
-			return c.scan(ctx, rdb, yield)
+			if err := c.scan(ctx, rdb, yield); err != nil {
+				return err
+			}
+			return c.semScan(ctx, rdb, yield) // keys held with Limit(n): semaphore.go
 		}
 		nodes := []redis.UniversalClient{c.rdb}
 		var err error
@@ -364,6 +375,9 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error)
 	rkey := c.redisKey(key)
 	res, err := forceScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
 		identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
+	if isWrongType(err) {
+		return c.semForceRelease(ctx, key) // held with Limit(n): semaphore.go
+	}
 	if err == nil && len(res) != 7 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}

@@ -143,6 +143,9 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 		a.order[i], _ = slices.BinarySearch(sorted, r)
 	}
 	c.configure(a, opts)
+	if a.limit > 1 {
+		return nil, fmt.Errorf("mutex: lock %s: Limit(%d) applies to one key; a set of keys takes plain locks", a.what(), a.limit)
+	}
 	return a, nil
 }
 

@@ -181,6 +181,7 @@ type lockConfig struct {
 	maxWait time.Duration // < 0: until the context is done
 	token   string
 	by      heldBy
+	limit   int // holders at once; > 1: a semaphore (semaphore.go)
 }
 
 // heldBy is what a holder says about itself with HeldBy.
@@ -242,6 +243,7 @@ type Lock struct {
 	fences []int64  // of given, in its order; nil for one key
 	by     heldBy
 	taken  time.Time // when the attempt that took it was sent, on our clock
+	limit  int       // > 1: a slot of a semaphore (semaphore.go)
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
@@ -281,6 +283,9 @@ func (l *Lock) Fence() int64 {
 func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil {
 		return 0, ErrNotHeld
+	}
+	if l.limit > 1 {
+		return l.semTTL(ctx)
 	}
 	least := int64(-1)
 	for i := 0; ; i++ {
@@ -322,6 +327,9 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 
 // extend is Extend without the event of a lost lease: WithLock reports that itself.
 func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
+	if l.limit > 1 {
+		return l.semExtend(ctx, ttl)
+	}
 	if err := checkTTL(ttl); err != nil {
 		return fmt.Errorf("mutex: extend %s: %w", l.what(), err)
 	}
@@ -394,6 +402,9 @@ func (l *Lock) emit(ctx context.Context, op Op, err error) {
 
 // unlock is Unlock without events: WithLock decides what its result means.
 func (l *Lock) unlock(ctx context.Context) error {
+	if l.limit > 1 {
+		return l.semUnlock(ctx)
+	}
 	n, err := l.c.release(ctx, l.keys, l.id, "")
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %s: %w", l.what(), err)
@@ -447,6 +458,9 @@ func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
 		return false, errors.New("mutex: empty key")
 	}
 	n, err := lockedScript.Run(ctx, c.rdb, []string{c.redisKey(key)}).Int64()
+	if isWrongType(err) {
+		return c.semLocked(ctx, key) // held with Limit(n): semaphore.go
+	}
 	if err != nil {
 		return false, fmt.Errorf("mutex: locked %s: %w", shortkey.Quote(key), err)
 	}
@@ -517,6 +531,9 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 // after it can miss w, and the locks before it stay taken (a.holding); with a nil w
 // (TryLock) nothing stays taken.
 func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
+	if a.limit > 1 {
+		return c.semAttempt(ctx, a, w)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, 0, errors.Join(ErrNotObtained, err)
 	}
@@ -543,6 +560,12 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		var res []int64
 		res, err = lockScript.Run(ctx, c.rdb, b,
 			a.id, a.ttl.Milliseconds(), id, queued, a.desc, all).Int64Slice()
+		if isWrongType(err) {
+			if a.given == nil {
+				return c.semLimitHeld(ctx, a, w) // the key is held with Limit(n): semaphore.go
+			}
+			err = errors.New("a key of the set is held with Limit(n), which sets of keys do not take: " + err.Error())
+		}
 		switch {
 		case err != nil:
 		case len(res) == 3 && res[0] == 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
@@ -594,7 +617,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 // granted for lease by a command sent at sent or later.
 func (a *acquisition) lock(f []int64, sent time.Time, lease time.Duration) *Lock {
 	l := &Lock{c: a.c, key: a.key, given: a.given, keys: a.keys, locks: a.locks, id: a.id,
-		fence: f[0], by: a.by, taken: sent, until: leaseEnd(sent, lease)}
+		fence: f[0], by: a.by, taken: sent, until: leaseEnd(sent, lease), limit: a.limit}
 	if a.order != nil {
 		l.fences = make([]int64, len(a.order))
 		for i, j := range a.order {
@@ -617,6 +640,10 @@ func (a *acquisition) handOverLease() time.Duration {
 // server may have applied it and lost the reply. It tries for at most a second, and
 // never past the lease, after which the key is free anyway.
 func (c *Client) abandon(ctx context.Context, a *acquisition) {
+	if a.limit > 1 {
+		c.semAbandon(ctx, a)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
 	_, _ = c.release(ctx, a.keys, a.id, "")

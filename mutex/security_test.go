@@ -28,7 +28,8 @@ const aclRules = workerACLRules + " +lrange +llen +scan +del" // those for Inspe
 // workerACLRules are what a worker needs: locking, waiting, renewing, releasing.
 const workerACLRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
-	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish"
+	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish " +
+	"+type +del +hget +hgetall +hset +hdel" // for locks with Limit(n)
 
 const workerUser = "worker"
 

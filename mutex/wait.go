@@ -253,6 +253,10 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
+	if w.a.limit > 1 {
+		_, _ = h.c.semRelease(ctx, w.a.keys, w.a.id, w.entry)
+		return
+	}
 	_, _ = h.c.release(ctx, w.a.keys, w.a.id, w.entry)
 }
 

@@ -85,6 +85,9 @@ func show(ctx context.Context, locks *mutex.Client, key string, p *printer) erro
 		fmt.Fprintf(tw, "Since:\t%s (held for %s)\n", in.Since.UTC().Format(time.RFC3339Nano), p.heldFor(in))
 		fmt.Fprintf(tw, "Lease left:\t%s\n", leaseText(in))
 		fmt.Fprintf(tw, "Fence:\t%d\n", in.Fence)
+		if in.Limit > 1 {
+			fmt.Fprintf(tw, "Limit:\t%d holders at once; %d hold it (the holder above is the newest):\n", in.Limit, len(in.Slots))
+		}
 	default:
 		fmt.Fprintf(tw, "State:\tnot held: nobody holds this key under prefix %s\n", strconv.Quote(p.prefix))
 		if in.Holder != (mutex.Holder{}) {
@@ -97,6 +100,11 @@ func show(ctx context.Context, locks *mutex.Client, key string, p *printer) erro
 	fmt.Fprintf(tw, "Waiting:\t%d\n", in.Waiting)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if in.Limit > 1 && len(in.Slots) > 0 {
+		if err := p.slots(in); err != nil {
+			return err
+		}
 	}
 	for i, w := range in.Waiters {
 		fmt.Fprintf(p.w, "  %d. %s\n", i+1, printable(w.String()))
@@ -184,6 +192,17 @@ type lockJSON struct {
 	Fence       int64        `json:"fence"`
 	Waiting     int          `json:"waiting"`
 	Waiters     []holderJSON `json:"waiters,omitempty"` // show only
+	// Limit and Holders: a key held with Limit(n), n > 1; holder, since, fence and
+	// held_for_ms then describe the newest holder, lease_left_ms the longest lease.
+	Limit   int        `json:"limit,omitempty"`
+	Holders []slotJSON `json:"holders,omitempty"`
+}
+
+type slotJSON struct {
+	Holder      holderJSON `json:"holder"`
+	Since       string     `json:"since"`
+	Fence       int64      `json:"fence"`
+	LeaseLeftMS int64      `json:"lease_left_ms"`
 }
 
 type holderJSON struct {
@@ -235,6 +254,13 @@ func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
 		}
 		j.LeaseLeftMS = &ms
 	}
+	if in.Limit > 1 {
+		j.Limit = in.Limit
+		for _, s := range in.Slots {
+			j.Holders = append(j.Holders, slotJSON{Holder: holderJSON(s.Holder), Since: s.Since.UTC().Format(time.RFC3339Nano),
+				Fence: s.Fence, LeaseLeftMS: s.TTL.Milliseconds()})
+		}
+	}
 	if waiters {
 		j.Waiters = make([]holderJSON, 0, len(in.Waiters))
 		for _, w := range in.Waiters {
@@ -268,7 +294,20 @@ func holderText(in mutex.Info) string {
 	if in.Foreign {
 		return "unknown (value not written by asynqmutex)"
 	}
+	if in.Limit > 1 && len(in.Slots) > 1 {
+		return printable(in.Holder.String()) + fmt.Sprintf(" and %d more (Limit %d)", len(in.Slots)-1, in.Limit)
+	}
 	return printable(in.Holder.String())
+}
+
+// slots lists the holders of a key held with Limit(n), oldest fence first.
+func (p *printer) slots(in mutex.Info) error {
+	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  HOLDER\tSINCE\tLEASE LEFT\tFENCE")
+	for _, s := range in.Slots {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\n", printable(s.Holder.String()), s.Since.UTC().Format(time.RFC3339Nano), human(s.TTL), s.Fence)
+	}
+	return tw.Flush()
 }
 
 func (p *printer) heldFor(in mutex.Info) string {

@@ -1,0 +1,85 @@
+-- sem_lock.lua: take a slot of a lock with Limit(n) (see semaphore.lua), or confirm
+-- that our identity holds one; when all n are taken, queue the caller as a waiter.
+--
+-- KEYS[1] -> <prefix>{<key>}        the holders (a HASH, see semaphore.lua); expires with the longest lease
+-- KEYS[2] -> <prefix>{<key>}:wait   waiters, as in lock.lua
+-- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
+-- ARGV[2] -> lease in milliseconds
+-- ARGV[3] -> waiter to queue if every slot is taken, "<client>.<waiter> <lease ms>", or ""
+-- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
+-- ARGV[5] -> the holder's description: its length in 4 digits, then the text
+-- ARGV[6] -> n, the limit asked for
+-- ARGV[7] -> channel prefix, as in release.lua
+-- ARGV[8] -> "1" when PUBLISH counts every subscriber, as in release.lua
+--
+-- Both keys share the hash tag, so one Redis Cluster slot.
+-- Returns {fence, 0} when a slot is ours; {0, ms} when all are taken, ms being the
+-- time until the earliest lease ends; {-1, m} when holders use another limit m;
+-- {-2, pttl} when a plain lock holds the key; {-3, 0} when the key holds another type.
+--
+-- Slots freed by leases that ended go first to the queue, oldest first (our own entry
+-- takes its turn there); a slot left over goes to the caller. A waiter keeps its
+-- place while it retries, as in lock.lua. When nobody holds the key, the limit asked
+-- for becomes the key's.
+local n = tonumber(ARGV[6])
+local us, ms = semNow()
+local t = semType(KEYS[1])
+local base = 0
+if t == 'string' then
+  local v = redis.call('GET', KEYS[1])
+  if string.byte(v, 17) ~= 114 then -- a plain lock holds it
+    return {-2, redis.call('PTTL', KEYS[1])}
+  end
+  base = tonumber(string.sub(v, 1, 16)) or 0
+  redis.call('DEL', KEYS[1])
+elseif t ~= 'hash' and t ~= 'none' then
+  return {-3, 0}
+end
+local s = semLoad(KEYS[1], ms, 'h' .. ARGV[1])
+s.fence = math.max(s.fence, base)
+if s.live > 0 and s.limit ~= n then
+  return {-1, s.limit}
+end
+if s.live == 0 and s.limit ~= n then
+  s.limit = n
+  redis.call('HSET', KEYS[1], 'limit', ARGV[6])
+end
+local entry = ''
+if ARGV[3] ~= '' then
+  entry = ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5]
+end
+local lease = tonumber(ARGV[2])
+local mine = s.mine
+if mine then -- ours already (a retry after a lost reply, or a hand-over not heard)
+  local e = ms + lease
+  redis.call('HSET', KEYS[1], 'h' .. ARGV[1], string.format('%d', e) .. string.match(mine, '^%d+(.*)$'))
+  s.last = math.max(s.last, e)
+  if ARGV[4] == '1' then
+    redis.call('LREM', KEYS[2], 1, entry)
+  end
+  semHandOver(KEYS[1], KEYS[2], s, '', '', '', 0, ARGV[7], ARGV[8], us, ms)
+  semStore(KEYS[1], s, ARGV[1], us, ms, 0)
+  return {tonumber(string.match(mine, '^%d+ (%d+)')), 0}
+end
+local self = ''
+if ARGV[4] == '1' then
+  self = entry
+end
+local f = semHandOver(KEYS[1], KEYS[2], s, self, ARGV[1], ARGV[5], lease, ARGV[7], ARGV[8], us, ms)
+if not f and s.live < s.limit then
+  f = semGrant(KEYS[1], s, ARGV[1], ARGV[5], lease, us, ms)
+  if ARGV[4] == '1' then
+    redis.call('LREM', KEYS[2], 1, entry)
+  end
+end
+semStore(KEYS[1], s, ARGV[1], us, ms, 0)
+if f then
+  return {f, 0}
+end
+if entry ~= '' then
+  if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
+    redis.call('RPUSH', KEYS[2], entry)
+  end
+  redis.call('PEXPIRE', KEYS[2], 2 * math.max(s.last - ms, 1000) + 1000)
+end
+return {0, math.max((s.first or ms) - ms, 1)}

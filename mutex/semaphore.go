@@ -1,0 +1,410 @@
+package mutex
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+)
+
+// A lock with Limit(n), n > 1, is a counting semaphore: up to n holders at once. It
+// is stored as semaphore.lua describes and shares the plain lock's wait queue,
+// subscription and hand-over; the functions here are what Lock, TryLock, WithLock,
+// Unlock, Extend, TTL, Locked and Inspect do for it.
+
+var (
+	//go:embed semaphore.lua
+	semaphoreLua string
+
+	//go:embed sem_lock.lua
+	semLockLua    string
+	semLockScript = newScript(semaphoreLua + "\n" + semLockLua)
+
+	//go:embed sem_release.lua
+	semReleaseLua    string
+	semReleaseScript = newScript(semaphoreLua + "\n" + semReleaseLua)
+
+	//go:embed sem_extend.lua
+	semExtendLua    string
+	semExtendScript = newScript(semaphoreLua + "\n" + semExtendLua)
+
+	//go:embed sem_pttl.lua
+	semPTTLLua    string
+	semPTTLScript = newScript(semaphoreLua + "\n" + semPTTLLua)
+
+	//go:embed sem_inspect.lua
+	semInspectLua    string
+	semInspectScript = newScript(semaphoreLua + "\n" + semInspectLua)
+
+	//go:embed sem_free.lua
+	semFreeLua    string
+	semFreeScript = newScript(semaphoreLua + "\n" + semFreeLua)
+)
+
+// MaxLimit is the largest n Limit accepts. Every step of a lock with Limit(n) reads
+// all its holders in one script, so its cost grows with n.
+const MaxLimit = 10_000
+
+// releasedInfix names the key that marks, for a while after a release, that an
+// identity released its slot: <redis key> + releasedInfix + a digest of the identity.
+const releasedInfix = ":released:"
+
+// Limit lets up to n holders hold the lock on a key at once: a counting semaphore,
+// for example at most 5 tasks of one tenant at a time. TryLock, Lock and WithLock
+// take it. Limit(1), like no Limit, is the plain lock. The default is 1.
+//
+// Each holder has a lock of its own: its own token, lease, renewal (WithLock renews
+// it every ttl/3 and cancels fn when it is lost, as for a plain lock), HeldBy
+// description, and fence; fences increase across all holders of the key, by the
+// plain lock's rule (see the package doc). Unlock frees the holder's slot and hands
+// it, in the same script, to the waiter queued longest, as a plain lock's release
+// hands over the lock; a crashed holder's slot frees when its lease ends, and waiters
+// try again by themselves when the earliest lease of the key ends (plus jitter).
+// Lost replies are handled as for a plain lock: an acquisition repeated by the same
+// token gets its slot and fence back, and a repeated Unlock succeeds for 10s.
+//
+// The limit belongs to the key while anyone holds it. An acquisition asking for
+// another limit (a plain lock, or Limit(m) with m != n) fails at once with a
+// *LimitError naming both limits, not ErrNotObtained; when nobody holds the key, the
+// limit asked for becomes the key's. Inspect and List show every holder (Info.Slots);
+// ForceRelease refuses a key held with Limit(n), n > 1, with an error that says so.
+//
+// Every step is one script call, as for a plain lock, and reads all holders of the
+// key, so its cost grows with n. The holders live in a Redis hash at the key a plain
+// lock would use (so the two cannot be mixed unnoticed), the waiters in the plain
+// lock's queue, and a release marks itself for 10s in the key plus ":released:" and
+// a digest of the token; all share the key's hash tag, so one Redis Cluster slot.
+// Limit panics if n is below 1 or above MaxLimit.
+func Limit(n int) LockOption {
+	if n < 1 || n > MaxLimit {
+		panic(fmt.Sprintf("mutex.Limit: limit %d outside [1, %d] (MaxLimit)", n, MaxLimit))
+	}
+	return lockOptionFunc(func(c *lockConfig) { c.limit = n })
+}
+
+// LimitError is the error of an acquisition that asked for a key with another limit
+// than the one its holders use (see Limit). Nothing changed in Redis. A plain lock
+// counts as Limit(1).
+type LimitError struct {
+	Key   string // the key as the caller gave it
+	Held  int    // the limit of the key's holders
+	Asked int    // the limit asked for
+}
+
+// Error names the key (shortened past 100 bytes) and both limits.
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("mutex: lock %s: held with %s, asked with %s; every holder of a key must use the same limit while it is held",
+		shortkey.Quote(e.Key), limitText(e.Held), limitText(e.Asked))
+}
+
+func limitText(n int) string {
+	if n <= 1 {
+		return "no Limit (a plain lock)"
+	}
+	return "Limit(" + strconv.Itoa(n) + ")"
+}
+
+// Slot is one holder of a lock with Limit(n), as Inspect and List read it.
+type Slot struct {
+	Holder Holder
+	Fence  int64
+	// Since is when the holder got its slot, on the Redis server's clock; TTL is its
+	// lease left.
+	Since time.Time
+	TTL   time.Duration
+}
+
+// semAttempt is attempt for a lock with Limit(n), n > 1: it runs sem_lock.lua once.
+func (c *Client) semAttempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, errors.Join(ErrNotObtained, err)
+	}
+	head, queued := "", "0"
+	if w != nil {
+		head = w.head
+		if w.queued {
+			queued = "1"
+		}
+	}
+	sent := time.Now()
+	res, err := semLockScript.Run(ctx, c.rdb, a.keys,
+		a.id, a.ttl.Milliseconds(), head, queued, a.desc, a.limit, c.channels, c.countsSubscribers).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if w != nil {
+		w.queued = true // even after an error: the server may have queued it
+		w.sent = sent
+	}
+	if err != nil {
+		c.abandon(ctx, a)
+		if ctx.Err() != nil {
+			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
+		}
+		return nil, 0, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(a.key), err)
+	}
+	switch res[0] {
+	case -1:
+		return nil, 0, &LimitError{Key: a.key, Held: int(res[1]), Asked: a.limit}
+	case -2:
+		return nil, 0, &LimitError{Key: a.key, Held: 1, Asked: a.limit}
+	case -3:
+		return nil, 0, fmt.Errorf("mutex: lock %s: the Redis key %s holds a value of another type, not written by this package",
+			shortkey.Quote(a.key), shortkey.Quote(a.keys[0]))
+	case 0:
+		if !a.contended {
+			a.contended = true
+			c.Emit(ctx, Event{Op: OpContended, Key: a.key, Name: a.by.name, ID: a.by.id})
+		}
+		return nil, time.Duration(res[1]) * time.Millisecond, nil
+	}
+	return a.lock(res[:1], sent, a.ttl), 0, nil
+}
+
+// semLimitHeld is what a plain lock's attempt does when it finds the key held with
+// Limit(n) (Redis answered WRONGTYPE): holders whose lease has ended are dropped, and
+// when none is left the key is made free and the attempt is made again; otherwise it
+// fails with a *LimitError.
+func (c *Client) semLimitHeld(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
+	res, err := semFreeScript.Run(ctx, c.rdb, a.keys, c.channels, c.countsSubscribers, tombstoneMillis).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
+		}
+		return nil, 0, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(a.key), err)
+	}
+	if res[0] == 0 {
+		return c.attempt(ctx, a, w)
+	}
+	return nil, 0, &LimitError{Key: a.key, Held: int(res[1]), Asked: max(a.limit, 1)}
+}
+
+// isWrongType reports whether err is Redis's answer to a plain lock's command on a
+// key held with Limit(n), which is a HASH. Redis starts the error of a script with
+// WRONGTYPE; miniredis puts it inside a compile error.
+func isWrongType(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.Contains(re.Error(), "WRONGTYPE Operation against a key holding the wrong kind of value")
+}
+
+// semRelease runs sem_release.lua: it frees the slot identity id holds in the lock
+// whose Redis keys (lock, queue) are keys, and hands it on. A non-empty entry (a
+// waiter that gives up) is first taken out of the queue, and a slot handed to it
+// meanwhile is passed on.
+func (c *Client) semRelease(ctx context.Context, keys []string, id, entry string) (int64, error) {
+	return semReleaseScript.Run(ctx, c.rdb, []string{keys[0], keys[1], releasedKey(keys[0], id)},
+		id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+}
+
+// releasedKey is the key that marks that identity id released its slot of the lock
+// at rkey: in rkey's hash slot, and named by a digest so that no token shows in a
+// key name.
+func releasedKey(rkey, id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return rkey + releasedInfix + hex.EncodeToString(sum[:16])
+}
+
+// semAbandon is abandon for a lock with Limit(n).
+func (c *Client) semAbandon(ctx context.Context, a *acquisition) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
+	defer cancel()
+	_, _ = c.semRelease(ctx, a.keys, a.id, "")
+}
+
+// semUnlock is unlock for a lock with Limit(n).
+func (l *Lock) semUnlock(ctx context.Context) error {
+	n, err := l.c.semRelease(ctx, l.keys, l.id, "")
+	if err != nil {
+		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
+	}
+	if n == 0 {
+		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), ErrNotHeld)
+	}
+	return nil
+}
+
+// semExtend is extend for a lock with Limit(n).
+func (l *Lock) semExtend(ctx context.Context, ttl time.Duration) error {
+	if err := checkTTL(ttl); err != nil {
+		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
+	}
+	sent := time.Now()
+	n, err := semExtendScript.Run(ctx, l.c.rdb, l.keys[:1], l.id, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), err)
+	}
+	if n == 0 {
+		return fmt.Errorf("mutex: extend %s: %w", shortkey.Quote(l.key), ErrNotHeld)
+	}
+	l.mu.Lock()
+	l.until = leaseEnd(sent, ttl)
+	l.mu.Unlock()
+	return nil
+}
+
+// semTTL is TTL for a lock with Limit(n).
+func (l *Lock) semTTL(ctx context.Context) (time.Duration, error) {
+	n, err := semPTTLScript.Run(ctx, l.c.rdb, l.keys[:1], l.id).Int64()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), err)
+	case n < 0:
+		return 0, fmt.Errorf("mutex: ttl of %s: %w", shortkey.Quote(l.key), ErrNotHeld)
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+// semLocked is Locked for a key held with Limit(n).
+func (c *Client) semLocked(ctx context.Context, key string) (bool, error) {
+	in, err := c.semInspect(ctx, key)
+	return in.Held, err
+}
+
+// semInspect is Inspect for a key held with Limit(n).
+func (c *Client) semInspect(ctx context.Context, key string) (Info, error) {
+	rkey := c.redisKey(key)
+	res, err := semInspectScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, maxListedWaiters).Slice()
+	if err != nil {
+		return Info{}, fmt.Errorf("mutex: inspect %s: %w", shortkey.Quote(key), err)
+	}
+	return c.semInfo(rkey, res)
+}
+
+// semInfo reads sem_inspect.lua's reply about the lock at Redis key rkey. The
+// holders are listed in Slots, oldest fence first; Holder, Fence, Since and HeldFor
+// describe the newest holder, and TTL is the longest lease left: when the key frees
+// unless renewed.
+func (c *Client) semInfo(rkey string, res []any) (Info, error) {
+	if len(res) < 5 {
+		return Info{}, fmt.Errorf("mutex: inspect %s: unexpected reply %v", shortkey.Quote(rkey), res)
+	}
+	in := Info{RedisKey: rkey}
+	in.Key, in.Digested = c.keyOf(rkey)
+	fields, _ := res[0].([]any)
+	waiting, _ := res[2].(int64)
+	in.Waiting = int(waiting)
+	entries, _ := res[3].([]any)
+	for _, e := range entries {
+		s, _ := e.(string)
+		in.Waiters = append(in.Waiters, parseEntry(s))
+	}
+	now := serverTime(res[4])
+	for i := 0; i+1 < len(fields); i += 2 {
+		f, _ := fields[i].(string)
+		v, _ := fields[i+1].(string)
+		switch {
+		case f == "limit":
+			in.Limit, _ = strconv.Atoi(v)
+		case strings.HasPrefix(f, "h"):
+			s, ok := parseSlot(v)
+			if !ok || (!now.IsZero() && !s.end.After(now)) {
+				continue // its lease has ended
+			}
+			s.TTL = s.end.Sub(now)
+			in.Slots = append(in.Slots, s.Slot)
+		}
+	}
+	sort.Slice(in.Slots, func(i, j int) bool { return in.Slots[i].Fence < in.Slots[j].Fence })
+	if len(in.Slots) == 0 {
+		return in, nil
+	}
+	in.Held = true
+	newest := in.Slots[len(in.Slots)-1]
+	in.Holder, in.Fence, in.Since = newest.Holder, newest.Fence, newest.Since
+	if !now.IsZero() {
+		in.HeldFor = max(now.Sub(in.Since), 0)
+	}
+	for _, s := range in.Slots {
+		in.TTL = max(in.TTL, s.TTL)
+	}
+	return in, nil
+}
+
+type slotValue struct {
+	Slot
+	end time.Time // lease end, on the server's clock
+}
+
+// parseSlot reads a holder's value: "<lease end ms> <fence> <since µs> <description>".
+func parseSlot(v string) (slotValue, bool) {
+	f := strings.SplitN(v, " ", 4)
+	if len(f) < 4 {
+		return slotValue{}, false
+	}
+	end, err1 := strconv.ParseInt(f[0], 10, 64)
+	fence, err2 := strconv.ParseInt(f[1], 10, 64)
+	since, err3 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return slotValue{}, false
+	}
+	s := slotValue{Slot: Slot{Fence: fence, Since: time.UnixMicro(since)}, end: time.UnixMilli(end)}
+	if desc, _, ok := cutCounted(f[3]); ok {
+		s.Holder = parseDescription(desc)
+	}
+	return s, true
+}
+
+// semScan is List's scan of the keys held with Limit(n) on one node.
+func (c *Client) semScan(ctx context.Context, rdb redis.UniversalClient, yield func(Info, error) bool) error {
+	match := escapeGlob(c.prefix) + "{*}"
+	var cursor uint64
+	for {
+		keys, next, err := rdb.ScanType(ctx, cursor, match, 200, "hash").Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			pipe := rdb.Pipeline()
+			cmds := make([]*redis.Cmd, len(keys))
+			for i, k := range keys {
+				cmds[i] = semInspectScript.EvalSha(ctx, pipe, []string{k, k + waitSuffix}, 0)
+			}
+			_, _ = pipe.Exec(ctx)
+			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
+				if err := semInspectScript.Load(ctx, rdb).Err(); err != nil {
+					return err
+				}
+				continue // the same cursor again, now that the script is loaded
+			}
+			for i, cmd := range cmds {
+				res, err := cmd.Slice()
+				if err != nil {
+					return fmt.Errorf("%s: %w", shortkey.Quote(keys[i]), err)
+				}
+				in, err := c.semInfo(keys[i], res)
+				if err != nil {
+					return err
+				}
+				if in.Held && !yield(in, nil) {
+					return errStopList
+				}
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
+// semForceRelease is ForceRelease's answer for a key held with Limit(n).
+func (c *Client) semForceRelease(ctx context.Context, key string) (Released, error) {
+	in, err := c.semInspect(ctx, key)
+	if err != nil {
+		return Released{}, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)
+	}
+	return Released{}, fmt.Errorf("mutex: force release %s: the key is held with Limit(%d) by %d holders; ForceRelease frees plain locks only: wait for their leases to end, or delete the Redis key %s by hand",
+		shortkey.Quote(key), in.Limit, len(in.Slots), shortkey.Quote(in.RedisKey))
+}

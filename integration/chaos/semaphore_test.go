@@ -349,7 +349,9 @@ func semHoldMode(ctx context.Context, p *Proc) error {
 // holder's slot: the slot frees when its lease ends (at most ttl after the kill), and
 // the waiter comes back on its timer within its jitter, 1/8 of the lease it saw plus
 // 1ms, plus 100ms for scheduling.
-func semKillBound(ttl time.Duration) time.Duration { return ttl + ttl/8 + time.Millisecond + 100*time.Millisecond }
+func semKillBound(ttl time.Duration) time.Duration {
+	return ttl + ttl/8 + time.Millisecond + 100*time.Millisecond
+}
 
 // semKillRound runs one round: the parent holds two slots of a fresh key for a
 // minute, a worker the third with a lease of holderTTL, and a waiter in the parent

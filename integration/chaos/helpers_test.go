@@ -1053,6 +1053,7 @@ type LoopConfig struct {
 	RewindFences      bool          // see WorkerSpec.RewindFences
 	LockAddr          string        // defaults to the rig's lock Redis
 	Lifetime          time.Duration // per worker; default 2 minutes
+	Mode              string        // the workers' mode; default "loop"
 	// During, if set, runs in the parent while the workers run (a nemesis, a
 	// fault); its context ends when every worker has exited.
 	During func(ctx context.Context)
@@ -1118,11 +1119,14 @@ func (rig *Rig) RunLoop(t testing.TB, cfg LoopConfig) LoopResult {
 	if cfg.PorcupineTimeout == 0 {
 		cfg.PorcupineTimeout = 2 * time.Minute
 	}
+	if cfg.Mode == "" {
+		cfg.Mode = "loop"
+	}
 	start := Now()
 	workers := make([]*Worker, cfg.Workers)
 	for i := range workers {
 		workers[i] = StartWorker(t, WorkerSpec{
-			Mode: "loop", ID: i + 1, LockAddr: cfg.LockAddr, RefereeAddr: rig.Referee.Addr(),
+			Mode: cfg.Mode, ID: i + 1, LockAddr: cfg.LockAddr, RefereeAddr: rig.Referee.Addr(),
 			Keys: cfg.Keys, TTL: cfg.TTL, Sections: cfg.Sections, Section: cfg.Section, RoundRobin: cfg.RoundRobin,
 			RewindFences: cfg.RewindFences, Lifetime: cfg.Lifetime,
 		})

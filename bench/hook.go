@@ -66,10 +66,17 @@ var hookGroup = &group{
 }
 
 // runHook runs one goroutine's lock+unlock of a free key on each contender, in turn,
-// in each of hookCycles cycles (fewer for a short -d), and returns per contender the median over cycles of
-// each figure and of its ratio to no observer's in the same cycle.
+// in each of hookCycles cycles (fewer for a short -d), and returns per contender the
+// median over cycles of each figure and of its ratio to no observer's in the same cycle.
 func runHook(ctx context.Context, e *env) (figures, error) {
-	cs := hookContenders()
+	return runCycled(ctx, e, hookContenders(), []string{"latency", "Redis server time"}, noObserver)
+}
+
+// runCycled runs one goroutine's lock+unlock of a free key on each of cs, in turn, for
+// hookSpan × -d in all, in hookCycles cycles (fewer for a short -d), and returns per
+// contender the median over cycles of each figure and, for each of refs, of each of
+// ratios over ref's in the same cycle, named figure + " ÷ " + ref.
+func runCycled(ctx context.Context, e *env, cs []contender, ratios []string, refs ...string) (figures, error) {
 	keys := []string{"uncontended"}
 	sides := make([]side, len(cs))
 	for i, c := range cs {
@@ -101,13 +108,21 @@ func runHook(ctx context.Context, e *env) (figures, error) {
 				return nil, errors.Join(errors.New(cs[i].name), err)
 			}
 		}
-		base := sides[0].figures()
+		all := make(map[string]map[string]float64, len(cs))
 		for i, s := range sides {
-			f := s.figures()
+			all[cs[i].name] = s.figures()
 			s.reset()
-			for _, name := range []string{"latency", "Redis server time"} {
-				perCycle[cs[i].name][name] = append(perCycle[cs[i].name][name], f[name])
-				perCycle[cs[i].name][ratioName(name)] = append(perCycle[cs[i].name][ratioName(name)], f[name]/base[name])
+		}
+		for _, c := range cs {
+			f := all[c.name]
+			for name, v := range f {
+				perCycle[c.name][name] = append(perCycle[c.name][name], v)
+			}
+			for _, ref := range refs {
+				for _, name := range ratios {
+					r := name + " ÷ " + ref
+					perCycle[c.name][r] = append(perCycle[c.name][r], f[name]/all[ref][name])
+				}
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 type usage struct {
 	calls    int64         // every command the server ran, those run inside scripts included, but INFO
 	usec     int64         // commandstats usec of the commands the contender sends itself
+	sent     int64         // commandstats calls of those commands: its round trips, where it pipelines nothing
 	redisCPU time.Duration // the server's used_cpu_user + used_cpu_sys
 	goCPU    time.Duration // this process's user + system CPU
 }
@@ -20,6 +21,7 @@ type usage struct {
 func (u *usage) add(o usage) {
 	u.calls += o.calls
 	u.usec += o.usec
+	u.sent += o.sent
 	u.redisCPU += o.redisCPU
 	u.goCPU += o.goCPU
 }
@@ -69,6 +71,7 @@ func (m *meter) stop(ctx context.Context, u *usage) error {
 	}
 	for _, name := range m.sent {
 		d.usec += cmds[name].Usec - m.cmds0[name].Usec
+		d.sent += cmds[name].Calls - m.cmds0[name].Calls
 	}
 	u.add(d)
 	return nil

@@ -108,21 +108,14 @@ func runCycled(ctx context.Context, e *env, cs []contender, ratios []string, ref
 				return nil, errors.Join(errors.New(cs[i].name), err)
 			}
 		}
-		all := make(map[string]map[string]float64, len(cs))
+		all := make(figures, len(cs))
 		for i, s := range sides {
 			all[cs[i].name] = s.figures()
 			s.reset()
 		}
-		for _, c := range cs {
-			f := all[c.name]
-			for name, v := range f {
-				perCycle[c.name][name] = append(perCycle[c.name][name], v)
-			}
-			for _, ref := range refs {
-				for _, name := range ratios {
-					r := name + " ÷ " + ref
-					perCycle[c.name][r] = append(perCycle[c.name][r], f[name]/all[ref][name])
-				}
+		for c, byFigure := range withRatios(all, ratios, refs) {
+			for name, v := range byFigure {
+				perCycle[c][name] = append(perCycle[c][name], v)
 			}
 		}
 	}
@@ -134,4 +127,22 @@ func runCycled(ctx context.Context, e *env, cs []contender, ratios []string, ref
 		}
 	}
 	return figs, nil
+}
+
+// withRatios is figs with, for each contender, each of ratios over ref's figure for
+// each of refs, named figure + " ÷ " + ref.
+func withRatios(figs figures, ratios, refs []string) figures {
+	out := make(figures, len(figs))
+	for c, f := range figs {
+		out[c] = make(map[string]float64, len(f)+len(ratios)*len(refs))
+		for name, v := range f {
+			out[c][name] = v
+		}
+		for _, ref := range refs {
+			for _, name := range ratios {
+				out[c][name+" ÷ "+ref] = value(f, name) / value(figs[ref], name)
+			}
+		}
+	}
+	return out
 }

@@ -97,3 +97,30 @@ func TestPrintGroupNoPeers(t *testing.T) {
 		t.Errorf("printGroup =\n%q\nwant\n%q", got, want)
 	}
 }
+
+func TestWithRatios(t *testing.T) {
+	figs := figures{
+		"one":   {"t": 10, "n": 2},
+		"two":   {"t": 15, "n": 2},
+		"floor": {"t": 5},
+	}
+	got := withRatios(figs, []string{"t", "n"}, []string{"one", "floor"})
+	for _, tc := range []struct {
+		contender, figure string
+		want              float64
+	}{
+		{"two", "t", 15},
+		{"two", "t ÷ one", 1.5},
+		{"two", "n ÷ one", 1},
+		{"two", "t ÷ floor", 3},
+		{"one", "t ÷ one", 1},
+		{"floor", "t ÷ one", 0.5},
+	} {
+		if v := got[tc.contender][tc.figure]; v != tc.want {
+			t.Errorf("withRatios()[%q][%q] = %v, want %v", tc.contender, tc.figure, v, tc.want)
+		}
+	}
+	if v := got["two"]["n ÷ floor"]; !math.IsNaN(v) {
+		t.Errorf("a ratio to a reference without the figure = %v, want NaN", v)
+	}
+}

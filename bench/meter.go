@@ -11,17 +11,17 @@ import (
 
 // usage is what the server and this process spent over one or more measured windows.
 type usage struct {
-	calls    int64         // every command the server ran, those run inside scripts included, but INFO
-	usec     int64         // commandstats usec of the commands the contender sends itself
-	sent     int64         // commandstats calls of those commands: its round trips, where it pipelines nothing
-	redisCPU time.Duration // the server's used_cpu_user + used_cpu_sys
-	goCPU    time.Duration // this process's user + system CPU
+	calls     int64         // every command the server ran, those run inside scripts included, but INFO
+	usec      int64         // commandstats usec of the commands the contender sends itself
+	sentCalls int64         // commandstats calls of those commands: its round trips, where it pipelines nothing
+	redisCPU  time.Duration // the server's used_cpu_user + used_cpu_sys
+	goCPU     time.Duration // this process's user + system CPU
 }
 
 func (u *usage) add(o usage) {
 	u.calls += o.calls
 	u.usec += o.usec
-	u.sent += o.sent
+	u.sentCalls += o.sentCalls
 	u.redisCPU += o.redisCPU
 	u.goCPU += o.goCPU
 }
@@ -71,7 +71,7 @@ func (m *meter) stop(ctx context.Context, u *usage) error {
 	}
 	for _, name := range m.sent {
 		d.usec += cmds[name].Usec - m.cmds0[name].Usec
-		d.sent += cmds[name].Calls - m.cmds0[name].Calls
+		d.sentCalls += cmds[name].Calls - m.cmds0[name].Calls
 	}
 	u.add(d)
 	return nil

@@ -173,7 +173,7 @@ func (s *opsSide) figures() map[string]float64 {
 		"latency":           float64(s.elapsed.Microseconds()) * float64(s.workers) / n,
 		"Redis calls":       float64(s.calls) / n,
 		"Redis server time": float64(s.usec) / n,
-		"round trips":       float64(s.sent) / n,
+		"round trips":       float64(s.sentCalls) / n,
 	}
 }
 

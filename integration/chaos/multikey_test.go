@@ -146,7 +146,7 @@ func setMode(take setTaker, bound time.Duration, singles, stopAtTimeout bool) fu
 
 // pickSet picks the keys of the next call: one key for WithLock when single,
 // otherwise 2 to 4 distinct keys in random order, written with a repeat one time in
-// eight when take is the lock under test (a key given twice is locked once).
+// eight in the "sets" mode (a key given twice is locked once).
 func (p *Proc) pickSet(take setTaker, single bool) (given, keys []string, taker setTaker) {
 	pool := p.Spec.Keys
 	if single {

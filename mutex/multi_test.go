@@ -342,3 +342,49 @@ func TestLockKeysLostReplyDoesNotLeak(t *testing.T) {
 		}
 	})
 }
+
+// TestLockKeysGivesBackWhatFollowsALostKey: a waiter that kept a and waits for b
+// loses a (its lease ran out, someone took it). Handed b meanwhile, it must not keep
+// b while it waits for a again: a set holding a could be waiting for b.
+func TestLockKeysGivesBackWhatFollowsALostKey(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		c := New(b.rdb)
+		ctx := context.Background()
+		k := uniqueKey(t)
+		a, bk := k+":a", k+":b"
+		hb, err := c.TryLock(ctx, bk, 3*time.Minute) // outlives a's lease on miniredis's clock
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			l, err := c.LockKeys(ctx, []string{a, bk}, time.Minute, MaxWait(20*time.Second))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			got <- err
+		}()
+		waitQueued(t, b.admin, c.redisKey(bk)) // it keeps a and waits for b
+		// a's lease runs out and someone takes it. The waiter may take a again first
+		// (it tries again once its subscription is confirmed): then again.
+		var ha *Lock
+		for i := 0; ha == nil; i++ {
+			require.Less(t, i, 50, "a could not be taken from the waiter")
+			b.expire(t, c.redisKey(a))
+			ha, err = c.TryLock(ctx, a, 2*time.Minute)
+			if !errors.Is(err, ErrNotObtained) {
+				require.NoError(t, err)
+			}
+		}
+		require.NoError(t, hb.Unlock(ctx)) // b is handed to the waiter
+		require.Eventually(t, func() bool {
+			locked, err := c.Locked(ctx, bk)
+			return err == nil && !locked
+		}, 10*time.Second, 5*time.Millisecond, "the waiter keeps b while it waits for a, which another holder has")
+		require.NoError(t, ha.Unlock(ctx))
+		select {
+		case err := <-got:
+			require.NoError(t, err, "the waiter gets both once a is free")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the waiter was not handed a")
+		}
+	})
+}

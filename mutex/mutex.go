@@ -473,7 +473,7 @@ type acquisition struct {
 	c         *Client
 	renewed   bool // WithLock renews the lease: a hand-over may give a short one
 	contended bool // an attempt found another holder: OpContended was reported
-	holding   bool // the last attempt kept locks taken before a busy one (several keys)
+	kept      int  // several keys: how many the last attempt kept before a busy one
 	busy      int  // several keys: the index in keys' order of the last busy one
 	start     time.Time
 	id        string   // identity(token)
@@ -528,7 +528,7 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 // where they live on several servers. It returns the lock, or nil and the remaining
 // lease of the first lock another holder has (-1: none), or an error. A non-nil w is
 // queued in Redis on that lock, atomically with the failed attempt, so no release
-// after it can miss w, and the locks before it stay taken (a.holding); with a nil w
+// after it can miss w, and the locks before it stay taken (a.kept); with a nil w
 // (TryLock) nothing stays taken.
 func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
 	if a.limit > 1 {
@@ -598,11 +598,22 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.what(), err)
 	}
 	if busy {
-		a.holding = w != nil && len(fences) > 0
-		if w == nil && len(fences) > 0 {
+		switch {
+		case w == nil && len(fences) > 0:
 			// One lock per call (several servers): give back those taken before the
 			// busy one, so that TryLock takes all or nothing.
 			c.abandon(ctx, a)
+		case w != nil && len(fences) < a.kept && 2*(len(fences)+1) < len(a.keys):
+			// A kept lock was lost (its lease ran out while we did not come back, and
+			// someone took it): the locks after it that we still hold, or that a
+			// release hands us from the queues we were in, must not wait with us for
+			// it, or a set that holds it could wait for them. Give them back, and
+			// leave those queues.
+			c.giveBack(ctx, a, a.keys[2*(len(fences)+1):], w.entry)
+		}
+		a.kept = 0
+		if w != nil {
+			a.kept = len(fences)
 		}
 		if !a.contended {
 			a.contended = true
@@ -636,6 +647,14 @@ func (a *acquisition) handOverLease() time.Duration {
 	return a.ttl
 }
 
+// giveBack releases a's hold of the locks in keys (each followed by its queue), if
+// any, and takes entry out of their queues, for at most a second.
+func (c *Client) giveBack(ctx context.Context, a *acquisition, keys []string, entry string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
+	defer cancel()
+	_, _ = c.release(ctx, keys, a.id, entry)
+}
+
 // abandon releases whatever an attempt that ended in an error may have taken: the
 // server may have applied it and lost the reply. It tries for at most a second, and
 // never past the lease, after which the key is free anyway.
@@ -644,9 +663,7 @@ func (c *Client) abandon(ctx context.Context, a *acquisition) {
 		c.semAbandon(ctx, a)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
-	defer cancel()
-	_, _ = c.release(ctx, a.keys, a.id, "")
+	c.giveBack(ctx, a, a.keys, "")
 }
 
 // release runs release.lua: it unlocks the hold of identity id on the locks in keys

@@ -151,7 +151,7 @@ func (a *acquisition) retryAfter(pttl time.Duration) time.Duration {
 		pttl = time.Second
 	}
 	d := pttl + rand.N(pttl/8+time.Millisecond)
-	if a.holding {
+	if a.kept > 0 {
 		d = min(d, a.ttl/3)
 	}
 	return d

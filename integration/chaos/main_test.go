@@ -39,7 +39,11 @@ func TestMain(m *testing.M) {
 		os.Exit(workerMain(spec))
 	}
 	code := m.Run()
-	if err := goleak.Find(); err != nil && code == 0 {
+	// toxiproxy v2.5.0's latency toxic, interrupted while it delays a chunk, sends
+	// the chunk on regardless (toxics/latency.go), and blocks for ever when nothing
+	// reads it any more, as when the network scenario removes it under traffic. That
+	// goroutine is the proxy's, not ours.
+	if err := goleak.Find(goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*LatencyToxic).Pipe")); err != nil && code == 0 {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 		code = 1
 	}

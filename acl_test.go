@@ -1,0 +1,82 @@
+package asynqmutex
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/internal/link"
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// capACLRules are what a worker needs beyond the lock's worker rules (README,
+// Safety) for MaxReschedules and MaxRescheduleTime: the commands reschedule.lua and
+// clearRecord send that the lock's do not. The README quotes them.
+const capACLRules = "+hincrby +hsetnx +hmget +hget +del"
+
+// TestRescheduleRecordUnderWorkerACL counts, reads and clears a task's record as a
+// Redis user that has the README's worker rules and capACLRules, and nothing else.
+func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	rules := strings.Fields(workerRulesFromREADME(t) + " " + capACLRules)
+	require.NoError(t, admin.Do(ctx, append([]any{"ACL", "SETUSER", "capworker", "on", ">capworker-secret"}, anys(rules)...)...).Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "capworker", Password: "capworker-secret"})
+	t.Cleanup(func() { rdb.Close() })
+
+	locks := mutex.New(rdb)
+	t.Cleanup(func() { locks.Close() })
+	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
+	mw.rdb, mw.prefix = link.Redis(locks)
+	meta := taskMeta{id: "t-1", queue: "default"}
+	for want := 1; want <= 2; want++ {
+		r, err := mw.record(ctx, meta, countConflict)
+		require.NoError(t, err, "counting as the worker user")
+		assert.Equal(t, want, r.n)
+	}
+	r, err := mw.record(ctx, meta, peekConflicts)
+	require.NoError(t, err)
+	assert.Equal(t, 2, r.n)
+	mw.clearRecord(ctx, meta)
+	n, err := admin.Exists(ctx, mw.recordKey(meta)).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the worker user can clear the record")
+	_, err = mw.record(ctx, meta, lastConflict)
+	require.NoError(t, err)
+
+	// Control: without capACLRules the same user is refused.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "capworker", "-hincrby").Err())
+	_, err = mw.record(ctx, meta, countConflict)
+	assert.ErrorContains(t, err, "can't run this command", "the rules are what the script needs")
+}
+
+// workerRulesFromREADME is the worker's part of the ACL rules the README quotes.
+func workerRulesFromREADME(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	text := string(b)
+	i := strings.Index(text, "ACL SETUSER locker on >password ")
+	require.GreaterOrEqual(t, i, 0, "the README quotes the ACL rules")
+	require.Contains(t, text[i:], "\n  "+capACLRules+"\n", "the README quotes capACLRules")
+	lines := strings.Split(text[i:], "\n")
+	// The rest of the first line and the next two: the rules of every worker (the
+	// lines after them are for Limit(n), for reschedule caps and for operators).
+	return strings.TrimPrefix(lines[0], "ACL SETUSER locker on >password ") + " " + lines[1] + " " + lines[2]
+}
+
+func anys(s []string) []any {
+	a := make([]any, len(s))
+	for i, v := range s {
+		a[i] = v
+	}
+	return a
+}

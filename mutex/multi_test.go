@@ -127,7 +127,7 @@ func TestLockKeysWokenByRelease(t *testing.T) {
 }
 
 // waitQueued waits until someone is queued on the lock whose Redis key is rkey.
-func waitQueued(t *testing.T, admin *redis.Client, rkey string) {
+func waitQueued(t *testing.T, admin redis.Cmdable, rkey string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		n, err := admin.LLen(context.Background(), rkey+waitSuffix).Result()
@@ -387,4 +387,41 @@ func TestLockKeysGivesBackWhatFollowsALostKey(t *testing.T) {
 			t.Fatal("the waiter was not handed a")
 		}
 	})
+}
+
+// TestLimitOnCluster: a lock with Limit(n) keeps its holders, queue and release marks
+// in one hash slot, so it works in Redis Cluster as on one server.
+func TestLimitOnCluster(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3)})
+	t.Cleanup(func() { rdb.Close() })
+	c := New(rdb)
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	key := uniqueKey(t)
+	a, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+	require.NoError(t, err)
+	b, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+	require.NoError(t, err)
+	assert.Greater(t, b.Fence(), a.Fence())
+	_, err = c.TryLock(ctx, key, time.Minute, Limit(2))
+	require.ErrorIs(t, err, ErrNotObtained)
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Lock(ctx, key, time.Minute, Limit(2), MaxWait(20*time.Second))
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		got <- err
+	}()
+	waitQueued(t, rdb, c.redisKey(key))
+	require.NoError(t, a.Extend(ctx, time.Minute))
+	require.NoError(t, a.Unlock(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the freed slot is handed to the waiter")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter was not handed the slot")
+	}
+	require.NoError(t, b.Unlock(ctx))
+	require.NoError(t, a.Unlock(ctx), "a repeated release is recognised")
 }

@@ -255,10 +255,10 @@ var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23"
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 	return func(yield func(Info, error) bool) {
 		scan := func(ctx context.Context, rdb redis.UniversalClient) error {
-			if err := c.scan(ctx, rdb, yield); err != nil {
+			if err := c.scan(ctx, rdb, "string", inspectScript, c.info, yield); err != nil {
 				return err
 			}
-			return c.semScan(ctx, rdb, yield) // keys held with Limit(n): semaphore.go
+			return c.scan(ctx, rdb, "hash", semInspectScript, c.semInfo, yield) // keys held with Limit(n): semaphore.go
 		}
 		nodes := []redis.UniversalClient{c.rdb}
 		var err error
@@ -288,11 +288,15 @@ func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 
 var errStopList = errors.New("mutex: list stopped")
 
-func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, yield func(Info, error) bool) error {
+// scan is List's scan of the keys of Redis type typ (a plain lock's string, or the
+// hash of a lock with Limit(n)) on one node: script reads each of them, and info
+// makes its Info.
+func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, typ string, script *redis.Script,
+	info func(rkey string, res []any) (Info, error), yield func(Info, error) bool) error {
 	match := escapeGlob(c.prefix) + "{*}"
 	var cursor uint64
 	for {
-		keys, next, err := rdb.ScanType(ctx, cursor, match, 200, "string").Result()
+		keys, next, err := rdb.ScanType(ctx, cursor, match, 200, typ).Result()
 		if err != nil {
 			return err
 		}
@@ -300,11 +304,11 @@ func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, yield func
 			pipe := rdb.Pipeline()
 			cmds := make([]*redis.Cmd, len(keys))
 			for i, k := range keys {
-				cmds[i] = inspectScript.EvalSha(ctx, pipe, []string{k, k + waitSuffix}, 0)
+				cmds[i] = script.EvalSha(ctx, pipe, []string{k, k + waitSuffix}, 0)
 			}
 			_, _ = pipe.Exec(ctx)
 			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
-				if err := inspectScript.Load(ctx, rdb).Err(); err != nil {
+				if err := script.Load(ctx, rdb).Err(); err != nil {
 					return err
 				}
 				continue // the same cursor again, now that the script is loaded
@@ -314,7 +318,7 @@ func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, yield func
 				if err != nil {
 					return fmt.Errorf("%s: %w", shortkey.Quote(keys[i]), err)
 				}
-				in, err := c.info(keys[i], res)
+				in, err := info(keys[i], res)
 				if err != nil {
 					return err
 				}

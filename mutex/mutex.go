@@ -586,16 +586,8 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		}
 		break
 	}
-	if w != nil {
-		w.queued = true // even after an error: the server may have queued it
-		w.sent = sent
-	}
-	if err != nil {
-		c.abandon(ctx, a)
-		if ctx.Err() != nil {
-			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
-		}
-		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.what(), err)
+	if err := c.attempted(ctx, a, w, sent, err); err != nil {
+		return nil, 0, err
 	}
 	if busy {
 		switch {
@@ -615,13 +607,37 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		if w != nil {
 			a.kept = len(fences)
 		}
-		if !a.contended {
-			a.contended = true
-			c.Emit(ctx, Event{Op: OpContended, Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id})
-		}
+		c.contended(ctx, a)
 		return nil, time.Duration(pttl) * time.Millisecond, nil
 	}
 	return a.lock(fences, sent, a.ttl), 0, nil
+}
+
+// attempted records that an attempt for waiter w (nil for none) was sent at sent,
+// and turns its error, if any, into attempt's: after releasing whatever the attempt
+// may have taken, ErrNotObtained with the context's error when that ended it, or a
+// wrapped Redis error.
+func (c *Client) attempted(ctx context.Context, a *acquisition, w *waiter, sent time.Time, err error) error {
+	if w != nil {
+		w.queued = true // even after an error: the server may have queued it
+		w.sent = sent
+	}
+	if err == nil {
+		return nil
+	}
+	c.abandon(ctx, a)
+	if ctx.Err() != nil {
+		return errors.Join(ErrNotObtained, ctx.Err())
+	}
+	return fmt.Errorf("mutex: lock %s: %w", a.what(), err)
+}
+
+// contended reports OpContended the first time an attempt of a finds the lock busy.
+func (c *Client) contended(ctx context.Context, a *acquisition) {
+	if !a.contended {
+		a.contended = true
+		c.Emit(ctx, Event{Op: OpContended, Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id})
+	}
 }
 
 // lock is the Lock this acquisition holds with fences f (in the order of a.keys),

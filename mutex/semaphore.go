@@ -142,16 +142,8 @@ func (c *Client) semAttempt(ctx context.Context, a *acquisition, w *waiter) (*Lo
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
-	if w != nil {
-		w.queued = true // even after an error: the server may have queued it
-		w.sent = sent
-	}
-	if err != nil {
-		c.abandon(ctx, a)
-		if ctx.Err() != nil {
-			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
-		}
-		return nil, 0, fmt.Errorf("mutex: lock %s: %w", shortkey.Quote(a.key), err)
+	if err := c.attempted(ctx, a, w, sent, err); err != nil {
+		return nil, 0, err
 	}
 	switch res[0] {
 	case -1:
@@ -162,10 +154,7 @@ func (c *Client) semAttempt(ctx context.Context, a *acquisition, w *waiter) (*Lo
 		return nil, 0, fmt.Errorf("mutex: lock %s: the Redis key %s holds a value of another type, not written by this package",
 			shortkey.Quote(a.key), shortkey.Quote(a.keys[0]))
 	case 0:
-		if !a.contended {
-			a.contended = true
-			c.Emit(ctx, Event{Op: OpContended, Key: a.key, Name: a.by.name, ID: a.by.id})
-		}
+		c.contended(ctx, a)
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
 	return a.lock(res[:1], sent, a.ttl), 0, nil
@@ -355,48 +344,6 @@ func parseSlot(v string) (slotValue, bool) {
 		s.Holder = parseDescription(desc)
 	}
 	return s, true
-}
-
-// semScan is List's scan of the keys held with Limit(n) on one node.
-func (c *Client) semScan(ctx context.Context, rdb redis.UniversalClient, yield func(Info, error) bool) error {
-	match := escapeGlob(c.prefix) + "{*}"
-	var cursor uint64
-	for {
-		keys, next, err := rdb.ScanType(ctx, cursor, match, 200, "hash").Result()
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			pipe := rdb.Pipeline()
-			cmds := make([]*redis.Cmd, len(keys))
-			for i, k := range keys {
-				cmds[i] = semInspectScript.EvalSha(ctx, pipe, []string{k, k + waitSuffix}, 0)
-			}
-			_, _ = pipe.Exec(ctx)
-			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
-				if err := semInspectScript.Load(ctx, rdb).Err(); err != nil {
-					return err
-				}
-				continue // the same cursor again, now that the script is loaded
-			}
-			for i, cmd := range cmds {
-				res, err := cmd.Slice()
-				if err != nil {
-					return fmt.Errorf("%s: %w", shortkey.Quote(keys[i]), err)
-				}
-				in, err := c.semInfo(keys[i], res)
-				if err != nil {
-					return err
-				}
-				if in.Held && !yield(in, nil) {
-					return errStopList
-				}
-			}
-		}
-		if cursor = next; cursor == 0 {
-			return nil
-		}
-	}
 }
 
 // semForceRelease is ForceRelease's answer for a key held with Limit(n).

@@ -5,7 +5,8 @@
 -- gets "<waiter> <fence>" on channel chan .. <client>. When no subscriber received
 -- that (the client died or is reconnecting), the next waiter is tried, so dead waiters
 -- cannot swallow a release; the waiter passed over tries again by itself once it
--- listens again. PUBLISH counts every subscriber only when counts is "1" (not in
+-- listens again; so is an entry of prev, the releaser. PUBLISH counts every
+-- subscriber only when counts is "1" (not in
 -- Redis Cluster, where it counts those of one node). The new value names prev as the
 -- previous holder (see common.lua). Entries of another form, or with a lease that is
 -- not a positive number, are dropped. Returns true when a waiter got the lock; false
@@ -21,7 +22,10 @@ local function handOver(lock, q, v, prev, chan, counts)
     local s1 = string.find(e, ' ', 1, true)
     local s2 = s1 and string.find(e, ' ', s1 + 1, true)
     local lease = s2 and tonumber(string.sub(e, s1 + 1, s2 - 1))
-    if dot and lease and dot < s1 and lease > 0 then
+    -- An entry of the releaser itself (prev) is left out: it is one the releaser's
+    -- own wait left behind, and handing it the lock it gives up would keep the lock
+    -- held by nobody.
+    if dot and lease and dot < s1 and lease > 0 and (prev == '' or string.sub(e, s2 + 1, s2 + #prev) ~= prev) then
       local f, now = nextFence(v)
       local nv = value(f, 'w', now, string.sub(e, s2 + 1), prev)
       redis.call('SET', lock, nv, 'PX', lease)

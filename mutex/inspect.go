@@ -53,7 +53,8 @@ type Info struct {
 	// and Key is those 64 bytes (Digested is then true): not a key to pass back.
 	Key      string
 	Digested bool
-	// RedisKey is the Redis key of the lock; its queue of waiters is RedisKey + ":wait".
+	// RedisKey is the Redis key of the lock; its queue of waiters is RedisKey + ":wait"
+	// (RedisKey + ":slots" for a lock with Limit(n)).
 	RedisKey string
 	// Held reports whether anyone holds the lock. The fields below it describe the
 	// holder. When the lock is not held, Fence and Since are those of the last holder
@@ -255,10 +256,10 @@ var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23"
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 	return func(yield func(Info, error) bool) {
 		scan := func(ctx context.Context, rdb redis.UniversalClient) error {
-			if err := c.scan(ctx, rdb, "string", inspectScript, c.info, yield); err != nil {
+			if err := c.scan(ctx, rdb, "string", waitSuffix, inspectScript, c.info, yield); err != nil {
 				return err
 			}
-			return c.scan(ctx, rdb, "hash", semInspectScript, c.semInfo, yield) // keys held with Limit(n): semaphore.go
+			return c.scan(ctx, rdb, "hash", semWaitSuffix, semInspectScript, c.semInfo, yield) // keys held with Limit(n): semaphore.go
 		}
 		nodes := []redis.UniversalClient{c.rdb}
 		var err error
@@ -289,9 +290,9 @@ func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 var errStopList = errors.New("mutex: list stopped")
 
 // scan is List's scan of the keys of Redis type typ (a plain lock's string, or the
-// hash of a lock with Limit(n)) on one node: script reads each of them, and info
-// makes its Info.
-func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, typ string, script *redis.Script,
+// hash of a lock with Limit(n)) on one node: script reads each of them with its queue
+// (the key + wait), and info makes its Info.
+func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, typ, wait string, script *redis.Script,
 	info func(rkey string, res []any) (Info, error), yield func(Info, error) bool) error {
 	match := escapeGlob(c.prefix) + "{*}"
 	var cursor uint64
@@ -304,7 +305,7 @@ func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, typ string
 			pipe := rdb.Pipeline()
 			cmds := make([]*redis.Cmd, len(keys))
 			for i, k := range keys {
-				cmds[i] = script.EvalSha(ctx, pipe, []string{k, k + waitSuffix}, 0)
+				cmds[i] = script.EvalSha(ctx, pipe, []string{k, k + wait}, 0)
 			}
 			_, _ = pipe.Exec(ctx)
 			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
@@ -376,10 +377,16 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error)
 	if key == "" {
 		return Released{}, errors.New("mutex: empty key")
 	}
+	return c.forceRelease(ctx, key, true)
+}
+
+// forceRelease is ForceRelease; sem says whether a key held with Limit(n) is to be
+// looked at (once: semForceRelease calls it again without).
+func (c *Client) forceRelease(ctx context.Context, key string, sem bool) (Released, error) {
 	rkey := c.redisKey(key)
 	res, err := forceScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
 		identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
-	if isWrongType(err) {
+	if isWrongType(err) && sem {
 		return c.semForceRelease(ctx, key) // held with Limit(n): semaphore.go
 	}
 	if err == nil && len(res) != 7 {

@@ -27,7 +27,9 @@
 --
 -- A waiter is queued once, at the back, and keeps its place while it retries; a
 -- retry queues it again only if a release took it out of the queue without handing it
--- the lock (its client was not listening). The queue lives twice the holder's
+-- the lock (its client was not listening). The queue is looked at before every push,
+-- so that an attempt go-redis sends again after a lost reply does not queue the
+-- waiter twice (a second entry would be handed the lock after the waiter released it). The queue lives twice the holder's
 -- remaining lease plus a second past the last attempt that queued someone; a waiter
 -- tries again by itself when that lease runs out, which renews it.
 local function take(lock, q, id, ttl, head, queued, desc)
@@ -36,14 +38,14 @@ local function take(lock, q, id, ttl, head, queued, desc)
     if ours(v, id) then
       redis.call('PEXPIRE', lock, ttl)
       if queued == '1' then
-        redis.call('LREM', q, 1, head .. ' ' .. id .. desc)
+        redis.call('LREM', q, 0, head .. ' ' .. id .. desc)
       end
       return tonumber(string.sub(v, 1, 16)), 0
     end
     local pttl = redis.call('PTTL', lock)
     if head ~= '' then
       local entry = head .. ' ' .. id .. desc
-      if queued ~= '1' or not redis.call('LPOS', q, entry) then
+      if not redis.call('LPOS', q, entry) then
         redis.call('RPUSH', q, entry)
       end
       redis.call('PEXPIRE', q, 2 * math.max(pttl, 1000) + 1000)
@@ -59,7 +61,7 @@ local function take(lock, q, id, ttl, head, queued, desc)
   -- "w" when it queues, so our release hands the lock on.
   local state = 'h'
   if queued == '1' then
-    redis.call('LREM', q, 1, head .. ' ' .. id .. desc)
+    redis.call('LREM', q, 0, head .. ' ' .. id .. desc)
     state = 'w' -- others may be queued behind us
   end
   -- The releaser becomes the previous holder, unless the tombstone is of a release by

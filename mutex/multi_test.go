@@ -126,12 +126,14 @@ func TestLockKeysWokenByRelease(t *testing.T) {
 	})
 }
 
-// waitQueued waits until someone is queued on the lock whose Redis key is rkey.
+// waitQueued waits until someone is queued on the lock whose Redis key is rkey (as a
+// plain lock or with Limit(n)).
 func waitQueued(t *testing.T, admin redis.Cmdable, rkey string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		n, err := admin.LLen(context.Background(), rkey+waitSuffix).Result()
-		return err == nil && n > 0
+		m, err2 := admin.LLen(context.Background(), rkey+semWaitSuffix).Result()
+		return err == nil && err2 == nil && n+m > 0
 	}, 10*time.Second, 5*time.Millisecond, "nobody queued on %s", rkey)
 }
 

@@ -506,6 +506,10 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	keys := []string{rkey, rkey + waitSuffix}
 	a := &acquisition{c: c, start: time.Now(), key: key, keys: keys, locks: keys[:1], ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	c.configure(a, opts)
+	if a.limit > 1 {
+		a.keys = []string{rkey, rkey + semWaitSuffix}
+		a.locks = a.keys[:1]
+	}
 	return a, nil
 }
 

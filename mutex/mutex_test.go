@@ -265,19 +265,22 @@ func TestLockWaitsForRelease(t *testing.T) {
 	})
 }
 
-// waitForWaiters blocks until n waiters are queued for key in Redis and Redis counts
-// c's subscription: a release now reaches one of them.
+// waitForWaiters blocks until n waiters are queued for key in Redis (in the queue of
+// a plain lock and that of Limit(n) together) and Redis counts c's subscription: a
+// release now reaches one of them.
 func waitForWaiters(t *testing.T, b backend, c *Client, key string, n int) {
 	t.Helper()
-	q := c.redisKey(key) + waitSuffix
+	rkey := c.redisKey(key)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		subs, err := b.admin.PubSubNumSub(context.Background(), c.hub.channel).Result()
 		require.NoError(t, err)
 		ready := subs[c.hub.channel] > 0
-		queued, err := b.admin.LLen(context.Background(), q).Result()
+		plain, err := b.admin.LLen(context.Background(), rkey+waitSuffix).Result()
 		require.NoError(t, err)
-		if ready && queued == int64(n) {
+		slots, err := b.admin.LLen(context.Background(), rkey+semWaitSuffix).Result()
+		require.NoError(t, err)
+		if ready && plain+slots == int64(n) {
 			return
 		}
 		time.Sleep(time.Millisecond)

@@ -18,14 +18,21 @@
 -- the lock is not touched. Returns 2 if any lock gave 2, else 0 if any gave 0, else 1.
 --
 -- A release that finds its own tombstone, or finds the lock handed over by itself
--- (the previous holder), counts as released: it was applied already and its reply
--- lost. The lock goes to the oldest listening waiter (see handOver in handover.lua);
+-- (the previous holder), or taken by a lock with Limit(n) from its tombstone (the
+-- hash's "prev", semaphore.lua), counts as released: it was applied already and its
+-- reply lost. The lock goes to the oldest listening waiter (see handOver in handover.lua);
 -- when nobody is left, it becomes a tombstone.
 local function release(lock, q)
   if ARGV[2] ~= '' then
-    redis.call('LREM', q, 1, ARGV[2])
+    redis.call('LREM', q, 0, ARGV[2])
   end
-  local v = redis.call('GET', lock)
+  local v = redis.pcall('GET', lock)
+  if type(v) == 'table' then -- a lock with Limit(n), a hash, took the key after us?
+    if ARGV[2] == '' and redis.pcall('HGET', lock, 'prev') == ARGV[1] then
+      return 1
+    end
+    return 0
+  end
   if not v then
     return 0
   end

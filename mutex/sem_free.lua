@@ -4,7 +4,7 @@
 -- plain lock's tombstone, free to the plain lock.
 --
 -- KEYS[1] -> <prefix>{<key>}        the holders (a HASH, see semaphore.lua)
--- KEYS[2] -> <prefix>{<key>}:wait   waiters, as in lock.lua
+-- KEYS[2] -> <prefix>{<key>}:slots  waiters, as in lock.lua but with "<lease ms>/<limit>"
 -- ARGV[1] -> channel prefix, as in release.lua
 -- ARGV[2] -> "1" when PUBLISH counts every subscriber, as in release.lua
 -- ARGV[3] -> how long the tombstone stays, in milliseconds

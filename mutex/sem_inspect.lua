@@ -2,7 +2,7 @@
 -- changing nothing.
 --
 -- KEYS[1] -> <prefix>{<key>}        the holders (a HASH, see semaphore.lua)
--- KEYS[2] -> <prefix>{<key>}:wait   waiters, as in lock.lua
+-- KEYS[2] -> <prefix>{<key>}:slots  waiters, as in lock.lua but with "<lease ms>/<limit>"
 -- ARGV[1] -> how many waiters to return, oldest first
 --
 -- Returns {the hash's fields and values (HGETALL), or {} when the key is no hash,

@@ -2,7 +2,7 @@
 -- that our identity holds one; when all n are taken, queue the caller as a waiter.
 --
 -- KEYS[1] -> <prefix>{<key>}        the holders (a HASH, see semaphore.lua); expires with the longest lease
--- KEYS[2] -> <prefix>{<key>}:wait   waiters, as in lock.lua
+-- KEYS[2] -> <prefix>{<key>}:slots  waiters, as in lock.lua but with "<lease ms>/<limit>"
 -- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
 -- ARGV[2] -> lease in milliseconds
 -- ARGV[3] -> waiter to queue if every slot is taken, "<client>.<waiter> <lease ms>", or ""
@@ -32,6 +32,12 @@ if t == 'string' then
   end
   base = tonumber(string.sub(v, 1, 16)) or 0
   redis.call('DEL', KEYS[1])
+  local releaser = holder(v)
+  if releaser ~= '0000' then
+    -- Kept so that the plain lock's release, repeated after a lost reply, is
+    -- recognised (release.lua) as it would be on a plain lock.
+    redis.call('HSET', KEYS[1], 'prev', releaser)
+  end
 elseif t ~= 'hash' and t ~= 'none' then
   return {-3, 0}
 end
@@ -55,7 +61,7 @@ if mine then -- ours already (a retry after a lost reply, or a hand-over not hea
   redis.call('HSET', KEYS[1], 'h' .. ARGV[1], string.format('%d', e) .. string.match(mine, '^%d+(.*)$'))
   s.last = math.max(s.last, e)
   if ARGV[4] == '1' then
-    redis.call('LREM', KEYS[2], 1, entry)
+    redis.call('LREM', KEYS[2], 0, entry)
   end
   semHandOver(KEYS[1], KEYS[2], s, '', '', '', 0, ARGV[7], ARGV[8], us, ms)
   semStore(KEYS[1], s, ARGV[1], us, ms, 0)
@@ -69,7 +75,7 @@ local f = semHandOver(KEYS[1], KEYS[2], s, self, ARGV[1], ARGV[5], lease, ARGV[7
 if not f and s.live < s.limit then
   f = semGrant(KEYS[1], s, ARGV[1], ARGV[5], lease, us, ms)
   if ARGV[4] == '1' then
-    redis.call('LREM', KEYS[2], 1, entry)
+    redis.call('LREM', KEYS[2], 0, entry)
   end
 end
 semStore(KEYS[1], s, ARGV[1], us, ms, 0)
@@ -77,7 +83,7 @@ if f then
   return {f, 0}
 end
 if entry ~= '' then
-  if ARGV[4] ~= '1' or not redis.call('LPOS', KEYS[2], entry) then
+  if not redis.call('LPOS', KEYS[2], entry) then -- not twice after a lost reply
     redis.call('RPUSH', KEYS[2], entry)
   end
   redis.call('PEXPIRE', KEYS[2], 2 * math.max(s.last - ms, 1000) + 1000)

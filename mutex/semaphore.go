@@ -59,6 +59,11 @@ const MaxLimit = 10_000
 // identity released its slot: <redis key> + releasedInfix + a digest of the identity.
 const releasedInfix = ":released:"
 
+// semWaitSuffix names the queue of the waiters of a lock with Limit(n): <redis key>
+// + semWaitSuffix. It is not a plain lock's (waitSuffix), so that a release of one
+// kind never hands the key to a waiter of the other.
+const semWaitSuffix = ":slots"
+
 // Limit lets up to n holders hold the lock on a key at once: a counting semaphore,
 // for example at most 5 tasks of one tenant at a time. TryLock, Lock and WithLock
 // take it. Limit(1), like no Limit, is the plain lock. The default is 1.
@@ -165,10 +170,7 @@ func (c *Client) semAttempt(ctx context.Context, a *acquisition, w *waiter) (*Lo
 // when none is left the key is made free and the attempt is made again; otherwise it
 // fails with a *LimitError.
 func (c *Client) semLimitHeld(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
-	res, err := semFreeScript.Run(ctx, c.rdb, a.keys, c.channels, c.countsSubscribers, tombstoneMillis).Int64Slice()
-	if err == nil && len(res) != 2 {
-		err = fmt.Errorf("unexpected reply %v", res)
-	}
+	res, err := c.semFree(ctx, a.keys[0])
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
@@ -179,6 +181,16 @@ func (c *Client) semLimitHeld(ctx context.Context, a *acquisition, w *waiter) (*
 		return c.attempt(ctx, a, w)
 	}
 	return nil, 0, &LimitError{Key: a.key, Held: int(res[1]), Asked: max(a.limit, 1)}
+}
+
+// semFree runs sem_free.lua on the lock at Redis key rkey, and returns {holders,
+// limit} as it is left.
+func (c *Client) semFree(ctx context.Context, rkey string) ([]int64, error) {
+	res, err := semFreeScript.Run(ctx, c.rdb, []string{rkey, rkey + semWaitSuffix}, c.channels, c.countsSubscribers, tombstoneMillis).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	return res, err
 }
 
 // isWrongType reports whether err is Redis's answer to a plain lock's command on a
@@ -193,9 +205,14 @@ func isWrongType(err error) bool {
 // whose Redis keys (lock, queue) are keys, and hands it on. A non-empty entry (a
 // waiter that gives up) is first taken out of the queue, and a slot handed to it
 // meanwhile is passed on.
-func (c *Client) semRelease(ctx context.Context, keys []string, id, entry string) (int64, error) {
+//
+// fence is the fence of the slot to release, or 0 when not known (a waiter that
+// gives up, an attempt abandoned): a release repeated after a lost reply is
+// recognised by it, so that a slot a reused token held before is not taken for this
+// one.
+func (c *Client) semRelease(ctx context.Context, keys []string, id, entry string, fence int64) (int64, error) {
 	return semReleaseScript.Run(ctx, c.rdb, []string{keys[0], keys[1], releasedKey(keys[0], id)},
-		id, entry, c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+		id, entry, c.channels, c.countsSubscribers, tombstoneMillis, fence).Int64()
 }
 
 // releasedKey is the key that marks that identity id released its slot of the lock
@@ -210,12 +227,12 @@ func releasedKey(rkey, id string) string {
 func (c *Client) semAbandon(ctx context.Context, a *acquisition) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
-	_, _ = c.semRelease(ctx, a.keys, a.id, "")
+	_, _ = c.semRelease(ctx, a.keys, a.id, "", 0)
 }
 
 // semUnlock is unlock for a lock with Limit(n).
 func (l *Lock) semUnlock(ctx context.Context) error {
-	n, err := l.c.semRelease(ctx, l.keys, l.id, "")
+	n, err := l.c.semRelease(ctx, l.keys, l.id, "", l.fence)
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %s: %w", shortkey.Quote(l.key), err)
 	}
@@ -265,7 +282,7 @@ func (c *Client) semLocked(ctx context.Context, key string) (bool, error) {
 // semInspect is Inspect for a key held with Limit(n).
 func (c *Client) semInspect(ctx context.Context, key string) (Info, error) {
 	rkey := c.redisKey(key)
-	res, err := semInspectScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, maxListedWaiters).Slice()
+	res, err := semInspectScript.Run(ctx, c.rdb, []string{rkey, rkey + semWaitSuffix}, maxListedWaiters).Slice()
 	if err != nil {
 		return Info{}, fmt.Errorf("mutex: inspect %s: %w", shortkey.Quote(key), err)
 	}
@@ -348,6 +365,11 @@ func parseSlot(v string) (slotValue, bool) {
 
 // semForceRelease is ForceRelease's answer for a key held with Limit(n).
 func (c *Client) semForceRelease(ctx context.Context, key string) (Released, error) {
+	// Holders whose leases ended hold nothing: when none is left, the key becomes a
+	// plain lock's tombstone, which the force release below finds free.
+	if res, err := c.semFree(ctx, c.redisKey(key)); err == nil && res[0] == 0 {
+		return c.forceRelease(ctx, key, false)
+	}
 	in, err := c.semInspect(ctx, key)
 	if err != nil {
 		return Released{}, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)

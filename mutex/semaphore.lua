@@ -7,12 +7,16 @@
 --                     server time in microseconds));
 --   "h" .. identity   one field per holder, its identity as common.lua writes it:
 --                     "<lease end, server ms> <fence> <since, server µs> <description>",
---                     the description as in a plain lock's value.
+--                     the description as in a plain lock's value;
+--   "prev"            the identity of the plain lock whose release left the tombstone
+--                     the hash replaced, if any (see release.lua).
 -- The hash expires with its longest lease. A holder whose lease has ended is dropped
 -- by every script that reads the whole hash, and its slot is handed on. When the last
 -- holder leaves, the hash becomes a plain lock's tombstone (common.lua) that keeps the
--- last fence: free to both kinds of lock. The queue of waiters is the plain lock's
--- (lock.lua), and a slot is handed over as handover.lua hands a plain lock.
+-- last fence: free to both kinds of lock. The waiters queue at <key>:slots, not at a
+-- plain lock's <key>:wait, so that neither kind of release hands the key to a waiter
+-- of the other; their entries are a plain lock's (lock.lua) with "<lease ms>/<limit>"
+-- for the lease, and a slot is handed over as handover.lua hands a plain lock.
 
 -- semNow is the server time in microseconds and in milliseconds.
 local function semNow()
@@ -84,7 +88,10 @@ end
 -- client is listening, as handOver (handover.lua) gives a plain lock: the entry is
 -- taken out, the waiter gets a slot with its own lease and a new fence, and its
 -- client gets "<waiter> <fence>" on chan .. <client>; a waiter nobody heard (when
--- counts is "1") loses the slot again and the next is tried. When self, the caller's
+-- counts is "1") loses the slot again and the next is tried. An entry's lease is
+-- "<ms>/<limit>": a waiter under a limit other than h's is taken out and gets
+-- "<waiter> 0", so that it tries again at once and learns of the limit in force.
+-- Entries of identities s.held marks as holders are dropped. When self, the caller's
 -- own entry, comes up, the caller takes the slot itself for lease ms (identity id,
 -- description desc) and its fence is returned; otherwise nil. Entries of another
 -- form are dropped.
@@ -100,9 +107,17 @@ local function semHandOver(h, q, s, self, id, desc, lease, chan, counts, us, ms)
     local dot = string.find(e, '.', 1, true)
     local s1 = string.find(e, ' ', 1, true)
     local s2 = s1 and string.find(e, ' ', s1 + 1, true)
-    local l = s2 and tonumber(string.sub(e, s1 + 1, s2 - 1))
+    local ls, lim
+    if s2 then
+      ls, lim = string.match(string.sub(e, s1 + 1, s2 - 1), '^(%d+)/(%d+)$')
+    end
+    local l = tonumber(ls)
     local n = s2 and tonumber(string.sub(e, s2 + 1, s2 + 4))
-    if dot and l and n and dot < s1 and l > 0 then
+    if dot and l and n and dot < s1 and l > 0 and tonumber(lim) ~= s.limit then
+      -- A waiter under another limit: out of the queue, and told to try again now,
+      -- which tells it of the limit in force (its fence 0 means no slot).
+      redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1), string.sub(e, dot + 1, s1 - 1) .. ' 0')
+    elseif dot and l and n and dot < s1 and l > 0 then
       local wid = string.sub(e, s2 + 1, s2 + 4 + n)
       if not s.held['h' .. wid] then
         local f = semGrant(h, s, wid, string.sub(e, s2 + 5 + n), l, us, ms)

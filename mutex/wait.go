@@ -221,6 +221,9 @@ func (h *hub) join(a *acquisition) *waiter {
 	h.seq++
 	id := strconv.FormatUint(h.seq, 36)
 	head := h.id + "." + id + " " + strconv.FormatInt(a.handOverLease().Milliseconds(), 10)
+	if a.limit > 1 {
+		head += "/" + strconv.Itoa(a.limit) // the limit it waits under (semaphore.lua)
+	}
 	w := &waiter{
 		a: a, id: id, head: head, entry: head + " " + a.id + a.desc,
 		grant: make(chan int64, 1), wake: make(chan struct{}, 1),
@@ -254,7 +257,7 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if w.a.limit > 1 {
-		_, _ = h.c.semRelease(ctx, w.a.keys, w.a.id, w.entry)
+		_, _ = h.c.semRelease(ctx, w.a.keys, w.a.id, w.entry, 0)
 		return
 	}
 	_, _ = h.c.release(ctx, w.a.keys, w.a.id, w.entry)
@@ -405,8 +408,10 @@ func (h *hub) replace(s *subscription) *redis.PubSub {
 	return ps
 }
 
-// handedOver handles "<waiter> <fence>" from a release: the lock is that waiter's.
-// A waiter that has left is not told: its leave passes the lock on.
+// handedOver handles "<waiter> <fence>" from a release: the lock is that waiter's;
+// fence 0 means that the waiter was taken out of the queue without it, and should
+// try again now (semaphore.lua). A waiter that has left is not told: its leave
+// passes the lock on.
 func (h *hub) handedOver(payload string) {
 	id, fence, ok := strings.Cut(payload, " ")
 	f, err := strconv.ParseInt(fence, 10, 64)
@@ -415,7 +420,15 @@ func (h *hub) handedOver(payload string) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if w := h.waiters[id]; w != nil {
+	w := h.waiters[id]
+	switch {
+	case w == nil:
+	case f == 0:
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	default:
 		select {
 		case w.grant <- f:
 		default:

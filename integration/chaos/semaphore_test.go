@@ -180,7 +180,7 @@ type semSamples struct {
 // sampleSemaphore samples key every 500µs until ctx is done (at most 10 minutes).
 func sampleSemaphore(ctx context.Context, rdb *redis.Client, key string) (semSamples, error) {
 	var s semSamples
-	keys := []string{RedisLockKey(key), RedisLockKey(key) + ":wait"}
+	keys := []string{RedisLockKey(key), RedisLockKey(key) + ":slots"} // the queue of Limit(n)
 	tick := time.NewTicker(500 * time.Microsecond)
 	defer tick.Stop()
 	limit := time.After(10 * time.Minute)

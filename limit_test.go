@@ -93,5 +93,5 @@ func TestMiddlewareLimitConflicts(t *testing.T) {
 	close(release)
 	wg.Wait()
 
-	assert.PanicsWithValue(t, "asynqmutex.Limit: limit 0 outside [1, 10000] (mutex.MaxLimit)", func() { Limit(0) })
+	assert.PanicsWithValue(t, fmt.Sprintf("asynqmutex.Limit: limit 0 outside [1, %d] (mutex.MaxLimit)", mutex.MaxLimit), func() { Limit(0) })
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/keyset"
 	"github.com/asynqmutex/asynqmutex/internal/link"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
@@ -156,7 +157,9 @@ type KeysFunc func(ctx context.Context, t *asynq.Task) ([]string, error)
 // key. The fields are read as On reads them; a payload that lacks one, or holds an
 // object or an array there, is archived at once with an error naming the field.
 // Taking the keys never deadlocks against tasks taking overlapping sets in another
-// order (see mutex.Client.LockKeys). On Redis Cluster each key costs a round trip.
+// order (see mutex.Client.LockKeys); the price is that a task waiting for a busy key
+// (MaxWait) keeps the keys before it meanwhile, so tasks on those meet a busy key.
+// On Redis Cluster each key costs a round trip.
 // OnEach panics if no field is given or a name is empty; it cannot be combined with
 // On, KeyBy or KeysBy.
 func OnEach(fields ...string) Option {
@@ -467,12 +470,7 @@ func (m *middleware) keysOf(ctx context.Context, t *asynq.Task) (key string, key
 	case slices.Contains(keys, ""):
 		return "", nil, &keyError{taskType: t.Type(), msg: "KeysBy returned an empty key"}
 	}
-	distinct := make([]string, 0, len(keys))
-	for _, k := range keys {
-		if !slices.Contains(distinct, k) {
-			distinct = append(distinct, k)
-		}
-	}
+	distinct := keyset.Distinct(keys)
 	if len(distinct) == 1 {
 		return distinct[0], nil, nil
 	}

@@ -59,7 +59,10 @@ const DefaultRetryDelay = 5 * time.Second
 // task ID ('%' and ':' in the queue name escaped as %25 and %3A): one key, so one
 // Redis Cluster slot. It expires twice 16·d plus an hour after the last conflict,
 // so a task that waits in its queue longer than that before its next conflict
-// starts counting again. With a cap set it is deleted when the task obtains its key,
+// starts counting again; under a cap, not before asynq's default backoff
+// (DefaultRetryDelayFunc) could bring the task back, plus that hour, so that a
+// reached cap holds through the retries it makes asynq spend (a RetryDelayFunc of
+// your own that waits longer can outlast it). With a cap set it is deleted when the task obtains its key,
 // one more Redis command for every task run, and a task on its last retry that has
 // spent retries before reads it once before it takes its key, to know whether the
 // cap sent it there. Without a cap it is left to expire, so that a task that meets

@@ -100,10 +100,31 @@ func recordExpiry(d time.Duration) time.Duration {
 	return 2*longest + time.Hour
 }
 
+// cappedExpiry is how long the record of a task under a cap outlives a conflict: at
+// least recordExpiry, and past the cap, as the task's failures are then retried
+// after asynq's own backoff, longer than asynq's DefaultRetryDelayFunc can wait
+// before its next retry (n⁴ + 15 + 30·(n+1) seconds after the n-th failure), plus
+// the same hour, so that the count does not restart while the task waits.
+func cappedExpiry(d time.Duration, meta taskMeta) time.Duration {
+	e := recordExpiry(d)
+	if !meta.counted {
+		return e
+	}
+	n := int64(meta.retried) + 1 // the failure this conflict may be
+	if n > 1000 {
+		n = 1000 // past any real MaxRetry: 1000⁴ s is 31,000 years
+	}
+	wait := time.Duration(n*n*n*n+15+30*(n+1))*time.Second + time.Hour
+	return max(e, wait)
+}
+
 // record runs rescheduleScript for the task in mode.
 func (m *middleware) record(ctx context.Context, meta taskMeta, mode string) (record, error) {
-	expiry := recordExpiry(time.Duration(m.policy)).Milliseconds()
-	res, err := rescheduleScript.Run(ctx, m.rdb, []string{m.recordKey(meta)}, expiry, mode).Int64Slice()
+	expiry := recordExpiry(time.Duration(m.policy))
+	if m.capped() {
+		expiry = cappedExpiry(time.Duration(m.policy), meta)
+	}
+	res, err := rescheduleScript.Run(ctx, m.rdb, []string{m.recordKey(meta)}, expiry.Milliseconds(), mode).Int64Slice()
 	if err != nil {
 		return record{}, err
 	}

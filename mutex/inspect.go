@@ -367,7 +367,10 @@ type Released struct {
 // holds nothing: its Extend and Unlock return ErrNotHeld, WithLock cancels its fn at
 // its next renewal (within ttl/3), and every later holder's fence is higher than
 // its own, so a resource that checks fences rejects its late writes. A value not of
-// this package's form (set by hand) is deleted.
+// this package's form (set by hand) is deleted. One exception: a key that a waiting
+// set of keys keeps (see LockKeys) is taken again by that waiter's next attempt,
+// within a third of its lease, as nothing of the set has run yet; to free it for
+// good, stop the waiting task, or free the key it waits for.
 //
 // A wrapped Redis error means nothing is known. A call whose reply was lost and that
 // go-redis sent again recognises its own release (Repeated) and changes nothing more:

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/asynqmutex/asynqmutex/internal/keyset"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
@@ -110,15 +111,10 @@ func (l *Lock) Fences() []int64 {
 // newMultiAcquisition is an acquisition of the locks on keys, taken in the order of
 // their Redis keys.
 func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []LockOption) (*acquisition, error) {
-	given := make([]string, 0, len(keys))
-	for _, k := range keys {
-		if k == "" {
-			return nil, errors.New("mutex: empty key among several")
-		}
-		if !slices.Contains(given, k) {
-			given = append(given, k)
-		}
+	if slices.Contains(keys, "") {
+		return nil, errors.New("mutex: empty key among several")
 	}
+	given := slices.Clone(keyset.Distinct(keys)) // the caller's slice stays the caller's
 	switch len(given) {
 	case 0:
 		return nil, errors.New("mutex: no key given")

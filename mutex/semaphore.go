@@ -52,8 +52,10 @@ var (
 )
 
 // MaxLimit is the largest n Limit accepts. Every step of a lock with Limit(n) reads
-// all its holders in one script, so its cost grows with n.
-const MaxLimit = 10_000
+// all its holders in one script, so its cost grows with n: about 1 µs of Redis time
+// per holder per step, during which Redis serves nobody else (see Limit). At
+// MaxLimit holders a step takes about a millisecond.
+const MaxLimit = 1000
 
 // releasedInfix names the key that marks, for a while after a release, that an
 // identity released its slot: <redis key> + releasedInfix + a digest of the identity.
@@ -79,16 +81,24 @@ const semWaitSuffix = ":slots"
 // token gets its slot and fence back, and a repeated Unlock succeeds for 10s.
 //
 // The limit belongs to the key while anyone holds it. An acquisition asking for
-// another limit (a plain lock, or Limit(m) with m != n) fails at once with a
-// *LimitError naming both limits, not ErrNotObtained; when nobody holds the key, the
-// limit asked for becomes the key's. Inspect and List show every holder (Info.Slots);
+// another limit (a plain lock, or Limit(m) with m != n) fails with a *LimitError
+// naming both limits, not ErrNotObtained: at once when it finds the key held, or,
+// when it was waiting as the limit changed (every holder gone and a new one taking
+// the key with another limit), at its next attempt: a release never hands a slot to
+// a waiter under another limit, nor a plain lock to a waiter of Limit(n) or back.
+// When nobody holds the key, the limit asked for becomes the key's. A plain lock
+// whose key a Limit(n) holder took after its lease ended gets ErrNotHeld from
+// Unlock, Extend and TTL, as for any lost lease. Inspect and List show every holder (Info.Slots);
 // ForceRelease refuses a key held with Limit(n), n > 1, with an error that says so.
 //
 // Every step is one script call, as for a plain lock, and reads all holders of the
-// key, so its cost grows with n. The holders live in a Redis hash at the key a plain
-// lock would use (so the two cannot be mixed unnoticed), the waiters in the plain
-// lock's queue, and a release marks itself for 10s in the key plus ":released:" and
-// a digest of the token; all share the key's hash tag, so one Redis Cluster slot.
+// key, so its cost grows with n: a TryLock and Unlock took 34 µs of Redis time with
+// 3 other holders and 402 µs with 199, about 1 µs per holder per step, where a
+// plain lock's took 15 µs. The holders live in a Redis hash at
+// the key a plain lock would use (so the two cannot be mixed unnoticed), the waiters
+// in the key plus ":slots", and a release marks itself for 10s in the key plus
+// ":released:" and a digest of the token; all share the key's hash tag, so one Redis
+// Cluster slot.
 // Limit panics if n is below 1 or above MaxLimit.
 func Limit(n int) LockOption {
 	if n < 1 || n > MaxLimit {

@@ -329,3 +329,60 @@ func runContended(b *testing.B, ctx context.Context, stats *redis.Client, cmds [
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acq/s")
 	b.ReportMetric(float64(after.Calls-before.Calls)/float64(b.N), "cmds/acq")
 }
+
+// BenchmarkLimitServerTime is TryLock and Unlock of a free slot of a key held with
+// Limit(n) by n-1 others, next to a plain lock's: it reports the Redis server time
+// per TryLock+Unlock spent in the scripts (server-µs/op) and the commands Redis ran
+// for it, the scripts' own included (cmds/op), from INFO commandstats. Every step of
+// Limit(n) reads all holders, so server-µs/op grows with n.
+func BenchmarkLimitServerTime(b *testing.B) {
+	for _, n := range []int{1, 4, 200} {
+		b.Run("limit="+strconv.Itoa(n), func(b *testing.B) {
+			c := benchClient(b)
+			rdb := c.rdb.(*redis.Client)
+			ctx := benchCtx(b)
+			key := benchKey(b, 0) + ":" + newToken() // the framework runs this more than once
+			for range n - 1 {
+				if _, err := c.TryLock(ctx, key, benchBound, Limit(n)); err != nil {
+					b.Fatalf("holder: %v", err)
+				}
+			}
+			cycle := func() {
+				l, err := c.TryLock(ctx, key, benchTTL, Limit(n))
+				if err != nil {
+					b.Fatalf("TryLock: %v", err)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					b.Fatalf("Unlock: %v", err)
+				}
+			}
+			cycle() // loads the scripts
+			before, err := benchkit.CommandStatsByName(ctx, rdb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				cycle()
+			}
+			b.StopTimer()
+			after, err := benchkit.CommandStatsByName(ctx, rdb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var calls, usec int64
+			for cmd, st := range after {
+				if cmd == "info" {
+					continue
+				}
+				d := st.Sub(before[cmd])
+				calls += d.Calls
+				if cmd == "evalsha" || cmd == "eval" {
+					usec += d.Usec
+				}
+			}
+			b.ReportMetric(float64(usec)/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64(calls)/float64(b.N), "cmds/op")
+		})
+	}
+}

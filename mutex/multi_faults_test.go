@@ -40,10 +40,6 @@ func TestLockKeysLostReplyQueuesOnce(t *testing.T) {
 
 	hb, err := direct.TryLock(ctx, bk, time.Minute)
 	require.NoError(t, err)
-	ho, err := direct.TryLock(ctx, other, time.Minute)
-	require.NoError(t, err)
-	defer func() { _ = ho.Unlock(ctx) }()
-
 	const ttl = 3 * time.Second // the set retries within ttl/3 while it keeps a
 	p.DropReplies(1)            // the reply to the set's first attempt
 	got := make(chan *Lock, 1)
@@ -58,19 +54,7 @@ func TestLockKeysLostReplyQueuesOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n, "a waiter is queued once, even when go-redis repeats its attempt")
 
-	// Another waiter of the same Client keeps its subscription open, as in any
-	// worker pool.
-	otherDone := make(chan struct{})
-	ctxOther, cancelOther := context.WithCancel(ctx)
-	defer func() { cancelOther(); <-otherDone }()
-	go func() {
-		defer close(otherDone)
-		l, err := c.Lock(ctxOther, other, time.Minute, MaxWait(30*time.Second))
-		if err == nil {
-			_ = l.Unlock(context.Background())
-		}
-	}()
-	waitQueued(t, admin, c.redisKey(other))
+	keepSubscribed(t, admin, c, direct, other)
 
 	// b's holder dies: its lease runs out. The set takes b at its next attempt.
 	require.NoError(t, admin.Del(ctx, c.redisKey(bk)).Err())
@@ -104,9 +88,6 @@ func TestLockLostReplyQueuesOnce(t *testing.T) {
 
 	h, err := direct.TryLock(ctx, key, time.Minute)
 	require.NoError(t, err)
-	ho, err := direct.TryLock(ctx, other, time.Minute)
-	require.NoError(t, err)
-	defer func() { _ = ho.Unlock(ctx) }()
 
 	p.DropReplies(1) // the reply to the waiter's first attempt
 	got := make(chan *Lock, 1)
@@ -120,17 +101,7 @@ func TestLockLostReplyQueuesOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n, "a waiter is queued once, even when go-redis repeats its attempt")
 
-	otherDone := make(chan struct{})
-	ctxOther, cancelOther := context.WithCancel(ctx)
-	defer func() { cancelOther(); <-otherDone }()
-	go func() { // keeps the Client's subscription open, as in any worker pool
-		defer close(otherDone)
-		l, err := c.Lock(ctxOther, other, time.Minute, MaxWait(30*time.Second))
-		if err == nil {
-			_ = l.Unlock(context.Background())
-		}
-	}()
-	waitQueued(t, admin, c.redisKey(other))
+	keepSubscribed(t, admin, c, direct, other)
 
 	require.NoError(t, h.Unlock(ctx)) // handed to the waiter
 	var l *Lock
@@ -160,9 +131,6 @@ func TestLockKeysLostReplyThenGiveUp(t *testing.T) {
 
 	hb, err := direct.TryLock(ctx, bk, time.Minute)
 	require.NoError(t, err)
-	ho, err := direct.TryLock(ctx, other, time.Minute)
-	require.NoError(t, err)
-	defer func() { _ = ho.Unlock(ctx) }()
 
 	p.DropReplies(1) // the reply to the set's first attempt
 	wctx, cancel := context.WithCancel(ctx)
@@ -173,17 +141,7 @@ func TestLockKeysLostReplyThenGiveUp(t *testing.T) {
 	}()
 	subscribed(t, admin, c) // its first attempt, go-redis's repeat included, has returned
 	assert.Equal(t, 1, p.Dropped(), "the first attempt's reply was dropped")
-	otherDone := make(chan struct{})
-	ctxOther, cancelOther := context.WithCancel(ctx)
-	defer func() { cancelOther(); <-otherDone }()
-	go func() { // keeps the Client's subscription open, as in any worker pool
-		defer close(otherDone)
-		l, err := c.Lock(ctxOther, other, time.Minute, MaxWait(30*time.Second))
-		if err == nil {
-			_ = l.Unlock(context.Background())
-		}
-	}()
-	waitQueued(t, admin, c.redisKey(other))
+	keepSubscribed(t, admin, c, direct, other)
 	cancel()
 	select {
 	case err := <-done:
@@ -217,4 +175,28 @@ func BenchmarkNewMultiAcquisitionManyKeys(b *testing.B) {
 			}
 		})
 	}
+}
+
+// keepSubscribed holds key with holder and has c wait for it until the test ends, so
+// that c's subscription stays open, as in a worker with other tasks waiting: a
+// release then finds c listening, whichever of its waiters it hands a key to.
+func keepSubscribed(t *testing.T, admin *redis.Client, c, holder *Client, key string) {
+	t.Helper()
+	ctx := context.Background()
+	h, err := holder.TryLock(ctx, key, time.Hour)
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if l, err := c.Lock(wctx, key, time.Minute); err == nil {
+			_ = l.Unlock(context.Background())
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = h.Unlock(context.Background())
+	})
+	waitQueued(t, admin, c.redisKey(key))
 }

@@ -237,19 +237,7 @@ func TestLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 	require.NoError(t, err)
 	defer h2.Unlock(ctx)
 
-	// Keep c's subscription open, as a worker with other waiting tasks does.
-	busy, err := direct.TryLock(ctx, key+":other", time.Hour)
-	require.NoError(t, err)
-	defer busy.Unlock(ctx)
-	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
-	defer ocancel()
-	odone := make(chan struct{})
-	go func() {
-		defer close(odone)
-		_, _ = c.Lock(octx, key+":other", time.Minute)
-	}()
-	defer func() { ocancel(); <-odone }()
-	waitQueueLen(t, rdb, c, key+":other", 1)
+	keepSubscribed(t, rdb, c, direct, key+":other")
 
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()
@@ -355,18 +343,7 @@ func TestPlainLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 	h1, err := direct.TryLock(ctx, key, time.Hour)
 	require.NoError(t, err)
 
-	busy, err := direct.TryLock(ctx, key+":other", time.Hour)
-	require.NoError(t, err)
-	defer busy.Unlock(ctx)
-	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
-	defer ocancel()
-	odone := make(chan struct{})
-	go func() {
-		defer close(odone)
-		_, _ = c.Lock(octx, key+":other", time.Minute)
-	}()
-	defer func() { ocancel(); <-odone }()
-	waitQueueLen(t, rdb, c, key+":other", 1)
+	keepSubscribed(t, rdb, c, direct, key+":other")
 
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()

@@ -31,12 +31,12 @@ import (
 // Error texts and logs show a key longer than 100 bytes shortened, with a
 // digest.
 //
-// The key On(fields...) derives is the compact JSON array text of the task
-// type followed by each field's value, for example ["payment:capture","c-42"];
-// without On or KeyBy the key is the task type alone, ["payment:capture"].
-// Scope(name) puts name where the task type would be. Keys returned by a KeyBy function share this key space, so a custom key
-// should not look like a JSON array, or it may contend with the tasks of
-// another type that uses On.
+// The key On(fields...) derives is the compact JSON array text of the task type
+// followed by each field's value, for example ["payment:capture","c-42"]; without On
+// or KeyBy the key is the task type alone, ["payment:capture"]. Scope(name) puts name
+// where the task type would be. Keys returned by a KeyBy function share this key
+// space, so a custom key should not look like a JSON array, or it may contend with the
+// tasks of another type that uses On.
 type KeyFunc func(ctx context.Context, t *asynq.Task) (string, error)
 
 // Key returns the lock key that On derives for a task of type taskType (or under

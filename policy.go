@@ -57,17 +57,17 @@ const DefaultRetryDelay = 5 * time.Second
 //
 // The count is a hash at the mutex.Client's prefix + "reschedule:" + queue + ":" +
 // task ID ('%' and ':' in the queue name escaped as %25 and %3A): one key, so one
-// Redis Cluster slot. It expires twice 16·d plus an hour after the last conflict,
-// so a task that waits in its queue longer than that before its next conflict
-// starts counting again; under a cap, not before asynq's default backoff
-// (DefaultRetryDelayFunc) could bring the task back, plus that hour, so that a
-// reached cap holds through the retries it makes asynq spend (a RetryDelayFunc of
-// your own that waits longer can outlast it). With a cap set it is deleted when the task obtains its key,
-// one more Redis command for every task run, and a task on its last retry that has
-// spent retries before reads it once before it takes its key, to know whether the
-// cap sent it there. Without a cap it is left to expire, so that a task that meets
-// no busy key costs no Redis command beyond its lock's; a task that meets one again
-// within that time doubles on from where it stopped.
+// Redis Cluster slot. It expires twice 16·d plus an hour after the last conflict, so a
+// task that waits in its queue longer than that before its next conflict starts
+// counting again; under a cap, not before asynq's default backoff
+// (DefaultRetryDelayFunc) could bring the task back, plus that hour, so that a reached
+// cap holds through the retries it makes asynq spend (a RetryDelayFunc of your own
+// that waits longer can outlast it). With a cap set it is deleted when the task
+// obtains its key, one more Redis command for every task run, and a task on its last
+// retry that has spent retries before reads it once before it takes its key, to know
+// whether the cap sent it there. Without a cap it is left to expire, so that a task
+// that meets no busy key costs no Redis command beyond its lock's; a task that meets
+// one again within that time doubles on from where it stopped.
 //
 // asynq keeps retry times in whole seconds, so d is rounded up to a whole number of
 // seconds, at least 1s: RetryLater(500*time.Millisecond) is RetryLater(time.Second).

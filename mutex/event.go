@@ -130,10 +130,10 @@ func (c *Client) Emit(ctx context.Context, e Event) {
 // Logger sets where the Client logs what an operator should hear of: a renewal that
 // got no answer (Warn, once per run of failures, with the key shortened and the
 // holder's HeldBy name and ID), a WithLock release that got no answer (Warn), and the
-// subscription connection breaking (Warn) and recovering (Info). Lost leases are not logged here: WithLock, Lock.Extend and
-// Lock.Unlock return them to the caller, and the asynqmutex middleware logs them.
-// Tokens are never logged. The default is slog.Default(), looked up when a record is
-// logged. Logger panics if l is nil.
+// subscription connection breaking (Warn) and recovering (Info). Lost leases are not
+// logged here: WithLock, Lock.Extend and Lock.Unlock return them to the caller, and
+// the asynqmutex middleware logs them. Tokens are never logged. The default is
+// slog.Default(), looked up when a record is logged. Logger panics if l is nil.
 func Logger(l *slog.Logger) Option {
 	if l == nil {
 		panic("mutex.Logger: nil *slog.Logger")

@@ -146,7 +146,8 @@ func parseDescription(d string) Holder {
 	return Holder{Host: f[0], PID: pid, Name: f[2], ID: f[3]}
 }
 
-// parseEntry reads a queue entry as lock.lua writes it: "<client>.<waiter> <lease ms> <identity><description>".
+// parseEntry reads a queue entry as lock.lua writes it: "<client>.<waiter> <lease ms>
+// <identity><description>".
 func parseEntry(e string) Holder {
 	_, rest, _ := strings.Cut(e, " ")
 	_, rest, _ = strings.Cut(rest, " ")
@@ -249,10 +250,10 @@ var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23"
 // List yields every lock key of the Client's prefix that is held, in no particular
 // order, reading them SCAN batch by batch with one pipelined script call per batch
 // (with a Cluster client, every master is scanned in turn; a single-node client
-// pointed at one Cluster node sees that node's keys only). Waiters holds no entries; Waiting
-// counts them. A lock taken or released while List runs may or may not be yielded.
-// Iteration stops at the first error, which is yielded with a zero Info. Safe for
-// concurrent use.
+// pointed at one Cluster node sees that node's keys only). Waiters holds no entries;
+// Waiting counts them. A lock taken or released while List runs may or may not be
+// yielded. Iteration stops at the first error, which is yielded with a zero Info. Safe
+// for concurrent use.
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 	return func(yield func(Info, error) bool) {
 		scan := func(ctx context.Context, rdb redis.UniversalClient) error {

@@ -24,12 +24,12 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // runs fn while holding it, and releases it when fn returns or panics.
 //
 // While fn runs the lease is renewed every ttl/3 (a lock handed over by a releasing
-// holder starts with a 250ms lease, renewed halfway through). If Redis says the lock is no longer
-// ours, or renewals fail until the lease would have ended on this process's own
-// monotonic clock (a partition, a long pause), fn's context is cancelled at once, with
-// a cause wrapping ErrNotHeld, and WithLock returns an error wrapping ErrNotHeld
-// joined with fn's error: another holder may have overlapped with fn. The lock is
-// available to fn through FromContext, for its fencing token.
+// holder starts with a 250ms lease, renewed halfway through). If Redis says the lock
+// is no longer ours, or renewals fail until the lease would have ended on this
+// process's own monotonic clock (a partition, a long pause), fn's context is cancelled
+// at once, with a cause wrapping ErrNotHeld, and WithLock returns an error wrapping
+// ErrNotHeld joined with fn's error: another holder may have overlapped with fn. The
+// lock is available to fn through FromContext, for its fencing token.
 //
 // WithLock returns the error of taking the lock (ErrNotObtained, ctx's error, a Redis
 // error) without calling fn; otherwise fn's error, joined with any error of the

@@ -45,8 +45,9 @@ func (c *Client) TryLockKeys(ctx context.Context, keys []string, ttl time.Durati
 // keys in one fixed order (of their Redis keys), and while it waits for a busy key it
 // keeps the keys before it in that order (renewing them within a third of ttl), never
 // one after it: should it lose a key it kept (its process stalled past the lease and
-// someone took the key), it gives back the keys after that one before it waits again. So no waiter holds a key another waiter needs to get past it, and
-// waiters of one key are served in the order they queued, as for a single key. A
+// someone took the key), it gives back the keys after that one before it waits
+// again. So no waiter holds a key another waiter needs to get past it, and waiters
+// of one key are served in the order they queued, as for a single key. A
 // waiter is handed each busy key by its holder's release, as Lock is, and its next
 // attempt takes the keys after it that are free, in the same script call on a
 // single Redis (one call per key in Redis Cluster). A waiter that gives up releases

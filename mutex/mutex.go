@@ -112,7 +112,7 @@ type Client struct {
 	countsSubscribers string
 
 	// oneNode is true unless rdb spreads keys over several servers (Cluster, Ring):
-	// then one script cannot reach the keys of several locks (see batches).
+	// then one script cannot reach the keys of several locks (see batch).
 	oneNode bool
 
 	self    string // "<host>\t<pid>\t": this process, recorded in every lock it takes (see Holder)
@@ -668,23 +668,22 @@ func (a *acquisition) handOverLease() time.Duration {
 }
 
 // giveBack releases a's hold of the locks in keys (each followed by its queue), if
-// any, and takes entry out of their queues, for at most a second.
+// any, handing each to its next waiter, and takes entry (a waiter that gives up, or
+// "") out of their queues. It tries for at most a second, and never past the lease,
+// after which the locks are free anyway.
 func (c *Client) giveBack(ctx context.Context, a *acquisition, keys []string, entry string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
+	if a.limit > 1 {
+		_, _ = c.semRelease(ctx, keys, a.id, entry, 0)
+		return
+	}
 	_, _ = c.release(ctx, keys, a.id, entry)
 }
 
 // abandon releases whatever an attempt that ended in an error may have taken: the
-// server may have applied it and lost the reply. It tries for at most a second, and
-// never past the lease, after which the key is free anyway.
-func (c *Client) abandon(ctx context.Context, a *acquisition) {
-	if a.limit > 1 {
-		c.semAbandon(ctx, a)
-		return
-	}
-	c.giveBack(ctx, a, a.keys, "")
-}
+// server may have applied it and lost the reply.
+func (c *Client) abandon(ctx context.Context, a *acquisition) { c.giveBack(ctx, a, a.keys, "") }
 
 // release runs release.lua: it unlocks the hold of identity id on the locks in keys
 // (each followed by its queue) and hands each to its next waiter. A non-empty entry

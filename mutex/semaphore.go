@@ -82,24 +82,23 @@ const semWaitSuffix = ":slots"
 //
 // The limit belongs to the key while anyone holds it. An acquisition asking for
 // another limit (a plain lock, or Limit(m) with m != n) fails with a *LimitError
-// naming both limits, not ErrNotObtained: at once when it finds the key held, or,
-// when it was waiting as the limit changed (every holder gone and a new one taking
-// the key with another limit), at its next attempt: a release never hands a slot to
-// a waiter under another limit, nor a plain lock to a waiter of Limit(n) or back.
-// When nobody holds the key, the limit asked for becomes the key's. A plain lock
-// whose key a Limit(n) holder took after its lease ended gets ErrNotHeld from
-// Unlock, Extend and TTL, as for any lost lease. Inspect and List show every holder (Info.Slots);
+// naming both limits, not ErrNotObtained: at once when it finds the key held, or, when
+// it was waiting as the limit changed (every holder gone and a new one taking the key
+// with another limit), at its next attempt: a release never hands a slot to a waiter
+// under another limit, nor a plain lock to a waiter of Limit(n) or back. When nobody
+// holds the key, the limit asked for becomes the key's. A plain lock whose key a
+// Limit(n) holder took after its lease ended gets ErrNotHeld from Unlock, Extend and
+// TTL, as for any lost lease. Inspect and List show every holder (Info.Slots);
 // ForceRelease refuses a key held with Limit(n), n > 1, with an error that says so.
 //
 // Every step is one script call, as for a plain lock, and reads all holders of the
-// key, so its cost grows with n: in one run of BenchmarkLimitServerTime a TryLock
-// and Unlock took 43 µs of Redis time with 3 other holders and about 410 µs with
-// 199, about 1 µs per holder per step, where a plain lock's took 21 µs. The holders live in a Redis hash at
-// the key a plain lock would use (so the two cannot be mixed unnoticed), the waiters
-// in the key plus ":slots", and a release marks itself for 10s in the key plus
-// ":released:" and a digest of the token; all share the key's hash tag, so one Redis
-// Cluster slot.
-// Limit panics if n is below 1 or above MaxLimit.
+// key, so its cost grows with n: in one run of BenchmarkLimitServerTime a TryLock and
+// Unlock took 43 µs of Redis time with 3 other holders and about 410 µs with 199,
+// about 1 µs per holder per step, where a plain lock's took 21 µs. The holders live in
+// a Redis hash at the key a plain lock would use (so the two cannot be mixed
+// unnoticed), the waiters in the key plus ":slots", and a release marks itself for 10s
+// in the key plus ":released:" and a digest of the token; all share the key's hash
+// tag, so one Redis Cluster slot. Limit panics if n is below 1 or above MaxLimit.
 func Limit(n int) LockOption {
 	if n < 1 || n > MaxLimit {
 		panic(fmt.Sprintf("mutex.Limit: limit %d outside [1, %d] (MaxLimit)", n, MaxLimit))
@@ -231,13 +230,6 @@ func (c *Client) semRelease(ctx context.Context, keys []string, id, entry string
 func releasedKey(rkey, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return rkey + releasedInfix + hex.EncodeToString(sum[:16])
-}
-
-// semAbandon is abandon for a lock with Limit(n).
-func (c *Client) semAbandon(ctx context.Context, a *acquisition) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
-	defer cancel()
-	_, _ = c.semRelease(ctx, a.keys, a.id, "", 0)
 }
 
 // semUnlock is unlock for a lock with Limit(n).

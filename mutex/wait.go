@@ -254,13 +254,7 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 	if acquired || !w.queued {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	if w.a.limit > 1 {
-		_, _ = h.c.semRelease(ctx, w.a.keys, w.a.id, w.entry, 0)
-		return
-	}
-	_, _ = h.c.release(ctx, w.a.keys, w.a.id, w.entry)
+	h.c.giveBack(ctx, w.a, w.a.keys, w.entry)
 }
 
 // start opens the subscription connection and starts reading it. Called with hub.mu

@@ -67,7 +67,7 @@ type config struct {
 
 	meta func(context.Context) taskMeta // what asynq says of the task; a seam for tests
 
-	limit int // tasks per key at once; 0 means 1
+	limit int // tasks per key at once
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -305,7 +305,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	}
 	m := &middleware{
 		locks:  locks,
-		config: config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay), meta: asynqMeta},
+		config: config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay), meta: asynqMeta, limit: 1},
 	}
 	for _, o := range opts {
 		o.apply(&m.config)
@@ -315,6 +315,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
 	}
 	m.rdb, m.prefix = link.Redis(locks)
+	m.limitOpt = mutex.Limit(m.limit)
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
 			panic("asynqmutex.Middleware: nil handler")
@@ -328,8 +329,9 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 type middleware struct {
 	locks *mutex.Client
 	config
-	rdb    redis.UniversalClient // the locks' Redis, where conflicts are counted
-	prefix string                // the locks' key prefix
+	rdb      redis.UniversalClient // the locks' Redis, where conflicts are counted
+	prefix   string                // the locks' key prefix
+	limitOpt mutex.LockOption      // mutex.Limit(limit)
 }
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
@@ -375,12 +377,11 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if keys != nil {
 		err = m.locks.WithLockKeys(ctx, keys, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
 	} else {
-		err = m.locks.WithLock(ctx, key, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id), mutex.Limit(max(m.limit, 1)))
+		err = m.locks.WithLock(ctx, key, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id), m.limitOpt)
 	}
-	shown := showKeys(key, keys)
 
 	if ran {
-		if retryLater && m.capped() && id != "" {
+		if m.capped() && id != "" { // caps come with RetryLater only (see Middleware)
 			// The conflicts are over: a later one starts a new count. Without a cap the
 			// record is left to expire, so that an uncontended task costs no Redis
 			// command beyond its lock's (see RetryLater).
@@ -391,6 +392,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			// itself when its lease runs out.
 			return handlerErr
 		}
+		shown := showKeys(key, keys)
 		m.leaseLost(ctx, t, id, shown, err, handlerErr)
 		if handlerErr == nil {
 			// The work is done: running it again would add a second run, not undo the
@@ -400,7 +402,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return fmt.Errorf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", shortkey.Quote(t.Type()), idSuffix(id), shown, errors.Join(err, handlerErr))
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), shown, err)
+		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), showKeys(key, keys), err)
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -427,23 +429,24 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return &wrapError{msg: le.Error(), err: errors.Join(le, asynq.SkipRetry)}
 	}
 
+	if pastCap != nil {
+		// Past its cap and out of retries: asynq archives the task for this error,
+		// and its count ends here.
+		m.clearRecord(ctx, meta)
+		le.caps, le.conflicts, le.since, le.archived = m.capsReached(*pastCap), pastCap.n+1, pastCap.elapsed, true
+		conflict("archive")
+		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
+	}
 	r := record{n: 1} // a conflict Redis did not count is taken as a first one
 	if id != "" {
-		mode := countConflict
-		if pastCap != nil {
-			r, mode = *pastCap, lastConflict // asynq archives the task: its count ends here
-		}
-		if got, err := m.record(ctx, meta, mode); err != nil {
-			m.countFailed(ctx, t.Type(), id, shown, err)
+		if got, err := m.record(ctx, meta, countConflict); err != nil {
+			m.countFailed(ctx, t.Type(), id, showKeys(key, keys), err)
 		} else {
 			r = got
 		}
 	}
-	if caps := m.capsReached(r); caps != "" || pastCap != nil {
-		if caps == "" { // the record expired between the two calls
-			caps = m.capsReached(*pastCap)
-		}
-		le.caps, le.conflicts, le.since, le.archived = caps, r.n, r.elapsed, pastCap != nil
+	if caps := m.capsReached(r); caps != "" {
+		le.caps, le.conflicts, le.since = caps, r.n, r.elapsed
 		conflict("fail")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,7 +68,6 @@ var (
 // The modes of rescheduleScript.
 const (
 	countConflict = "count" // count this conflict
-	lastConflict  = "last"  // count it and delete the record: asynq archives the task
 	peekConflicts = "peek"  // read the record
 )
 
@@ -124,7 +125,10 @@ func (m *middleware) record(ctx context.Context, meta taskMeta, mode string) (re
 	if m.capped() {
 		expiry = cappedExpiry(time.Duration(m.policy), meta)
 	}
-	res, err := rescheduleScript.Run(ctx, m.rdb, []string{m.recordKey(meta)}, expiry.Milliseconds(), mode).Int64Slice()
+	// A conflict's own id, so that a count go-redis sends again after a lost reply
+	// is not counted twice.
+	id := strconv.FormatUint(rand.Uint64(), 36)
+	res, err := rescheduleScript.Run(ctx, m.rdb, []string{m.recordKey(meta)}, expiry.Milliseconds(), mode, id).Int64Slice()
 	if err != nil {
 		return record{}, err
 	}

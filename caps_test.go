@@ -17,10 +17,9 @@ import (
 
 // TestMaxReschedulesOutlivesAsynqBackoff: past the cap a conflict is an ordinary
 // failure, and asynq retries it after its own backoff (DefaultRetryDelayFunc:
-// n^4+15s and more), which passes an hour from the 8th retry on. The record expires
-// 2·16·d + 1h after the last conflict, so it is gone when the task comes back: the
-// conflict counts as a first one and the task is rescheduled again without spending
-// a retry, although MaxReschedules promises that every conflict after the cap fails.
+// n^4+15s and more), which passes an hour from the 8th retry on. The count must
+// still be there when the task comes back, so that every conflict after the cap
+// fails as MaxReschedules promises, rather than count as a first one again.
 func TestMaxReschedulesOutlivesAsynqBackoff(t *testing.T) {
 	locks, m := newLocks(t)
 	held, err := locks.TryLock(context.Background(), `["pay","t1"]`, mutex.MaxTTL) // outlives every FastForward

@@ -83,12 +83,17 @@ func Key(taskType string, values ...string) (string, error) {
 // taskTypeKey is the key when neither On nor KeyBy is given: the task type
 // alone, as the one-element JSON array ["type"].
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) {
+	return nameKey(t.Type()), nil
+}
+
+// nameKey is the one-element JSON array [name].
+func nameKey(name string) string {
 	var b strings.Builder
-	b.Grow(len(t.Type()) + 4)
+	b.Grow(len(name) + 4)
 	b.WriteByte('[')
-	writeString(&b, t.Type())
+	writeString(&b, name)
 	b.WriteByte(']')
-	return b.String(), nil
+	return b.String()
 }
 
 // validateFields panics if a field name given to fn (the exported function's full
@@ -142,11 +147,7 @@ func fieldsKey(fields []string) KeyFunc {
 // scopeKey is the key of a task without On or KeyBy under Scope(scope): the
 // one-element JSON array [scope].
 func scopeKey(scope string) KeyFunc {
-	var b strings.Builder
-	b.WriteByte('[')
-	writeString(&b, scope)
-	b.WriteByte(']')
-	key := b.String()
+	key := nameKey(scope)
 	return func(context.Context, *asynq.Task) (string, error) { return key, nil }
 }
 

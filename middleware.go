@@ -268,10 +268,10 @@ func Logger(l *slog.Logger) Option {
 }
 
 // Middleware returns asynq middleware that runs each task's handler under a Redis lock
-// on the task's key (see On and KeyBy), so tasks with equal keys never run at the same
-// time (or no more than n at a time, with Limit) on any worker that shares the lock
-// Redis, while tasks with other keys run in parallel. Use it with mux.Use(...) or
-// Middleware(...)(handler).
+// on the task's key (see On, OnEach, KeyBy, KeysBy and Scope), so tasks with equal
+// keys never run at the same time (or no more than n at a time, with Limit) on any
+// worker that shares the lock Redis, while tasks with other keys run in parallel. Use
+// it with mux.Use(...) or Middleware(...)(handler).
 //
 // Per task: derive the key; take the lock, waiting up to MaxWait; run the handler
 // while the lease is renewed every TTL/3; release; return the handler's result

@@ -388,6 +388,17 @@ func TestOptionPanics(t *testing.T) {
 		{"RetryLater zero", "asynqmutex.RetryLater", func() { RetryLater(0) }},
 		{"RetryLater negative", "asynqmutex.RetryLater", func() { RetryLater(-time.Second) }},
 		{"OnConflict", "asynqmutex.OnConflict", func() { OnConflict(Policy(0)) }},
+		{"OnConflict part of a second", "asynqmutex.OnConflict", func() { OnConflict(Policy(1500 * time.Millisecond)) }},
+		{"Limit with OnEach", "Limit caps the tasks of one key; OnEach", func() { Middleware(locks, OnEach("a", "b"), Limit(2)) }},
+		{"Limit with KeysBy", "KeysBy gives a task several keys", func() {
+			Middleware(locks, Limit(2), KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }))
+		}},
+		{"Scope with KeysBy", "KeysBy makes its own keys", func() {
+			Middleware(locks, Scope("a"), KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }))
+		}},
+		{"KeysBy and On", "both KeysBy and On", func() {
+			Middleware(locks, KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }), On("a"))
+		}},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
 		{"Logger", "asynqmutex.Logger", func() { Logger(nil) }},
 		{"MaxReschedules zero", "asynqmutex.MaxReschedules", func() { MaxReschedules(0) }},
@@ -637,4 +648,22 @@ func TestMiddlewareScopeSharesKeysAcrossTypes(t *testing.T) {
 	err = Middleware(locks, Scope("mailer"), OnConflict(Fail))(body).ProcessTask(ctx, asynq.NewTask("email:welcome", nil))
 	assert.ErrorIs(t, err, mutex.ErrNotObtained)
 	require.NoError(t, held.Unlock(ctx))
+}
+
+func TestMiddlewareBusySetNamesEachKeyOnce(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	held, err := locks.TryLock(ctx, "b", time.Minute)
+	require.NoError(t, err)
+	defer held.Unlock(ctx)
+	var rec recorder
+	h := Middleware(locks, KeysBy(func(context.Context, *asynq.Task) ([]string, error) {
+		return []string{"a", "b", "a"}, nil
+	}), OnConflict(Skip), AfterFailure(rec.hook))(mustNotRun(t))
+	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("pay", nil)))
+	require.Len(t, rec.got(), 1)
+	var le *LockedError
+	require.ErrorAs(t, rec.got()[0], &le)
+	assert.Equal(t, []string{"a", "b"}, le.Keys, "a key given twice is one key")
+	assert.Equal(t, "b", le.Key, "the busy one")
 }

@@ -84,7 +84,11 @@ func RetryLater(d time.Duration) Policy {
 	return Policy(d)
 }
 
-func (p Policy) valid() bool { return p == Skip || p == Fail || time.Duration(p) >= time.Second }
+// valid reports whether p is Skip, Fail, or what RetryLater returns: a whole number
+// of seconds, at least one.
+func (p Policy) valid() bool {
+	return p == Skip || p == Fail || time.Duration(p) >= time.Second && time.Duration(p)%time.Second == 0
+}
 
 // String returns "Skip", "Fail" or "RetryLater(d)".
 func (p Policy) String() string {

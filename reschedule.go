@@ -147,7 +147,7 @@ func (c *config) capsReached(r record) string {
 	if c.maxReschedules > 0 && r.n > c.maxReschedules {
 		caps = append(caps, fmt.Sprintf("MaxReschedules(%d)", c.maxReschedules))
 	}
-	if c.maxRescheduleTime > 0 && r.n > 0 && r.elapsed >= c.maxRescheduleTime {
+	if c.maxRescheduleTime > 0 && r.elapsed >= c.maxRescheduleTime {
 		caps = append(caps, fmt.Sprintf("MaxRescheduleTime(%v)", c.maxRescheduleTime))
 	}
 	return strings.Join(caps, " and ")

@@ -155,6 +155,9 @@ func TestMaxReschedulesNoRecordWaits(t *testing.T) {
 	err := h.ProcessTask(ctx, payTask("t2"))
 	require.ErrorIs(t, err, asynq.SkipRetry)
 	assert.Contains(t, err.Error(), "no retry left, so it waited")
+	var le *LockedError
+	require.ErrorAs(t, err, &le)
+	assert.Greater(t, le.waited, 100*time.Millisecond, "it waited for the key, up to its deadline less DeadlineMargin")
 	assert.NotContains(t, err.Error(), "reschedule cap")
 }
 

@@ -93,7 +93,7 @@ type Event struct {
 	Wait      time.Duration // OpAcquired, OpNotObtained, OpConflict
 	Held      time.Duration // OpReleased, OpLeaseLost
 	Policy    string        // OpConflict
-	Err       error         // OpNotObtained, OpRenewFailed, OpReleaseFailed, OpLeaseLost, OpWakeupLost, OpBadInput
+	Err       error         // OpNotObtained, OpRenewFailed, OpReleaseFailed, OpLeaseLost, OpWakeupLost, OpConflict, OpBadInput
 }
 
 // Observe makes the Client call fn for every Event of its locks, its waiters and, via

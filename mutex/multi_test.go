@@ -427,3 +427,40 @@ func TestLimitOnCluster(t *testing.T) {
 	require.NoError(t, b.Unlock(ctx))
 	require.NoError(t, a.Unlock(ctx), "a repeated release is recognised")
 }
+
+// TestWaitingSetRenewsKeptKeys: a set that waits for b longer than its lease keeps a
+// all the while: its attempts come back within a third of the lease and renew it.
+func TestWaitingSetRenewsKeptKeys(t *testing.T) {
+	rdb := sharedServer(t)
+	c := New(rdb)
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	k := uniqueKey(t)
+	a, bk := k+":a", k+":b"
+	const ttl = time.Second // renewed every third: slack for a loaded machine
+	hb, err := c.TryLock(ctx, bk, time.Minute)
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.LockKeys(ctx, []string{a, bk}, ttl, HeldBy("set", "w"), MaxWait(20*time.Second))
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		got <- err
+	}()
+	waitQueued(t, rdb, c.redisKey(bk))
+	for range 6 { // three leases
+		time.Sleep(ttl / 2)
+		in, err := c.Inspect(ctx, a)
+		require.NoError(t, err)
+		require.True(t, in.Held, "the waiting set lost a, which it keeps while it waits for b")
+		assert.Equal(t, "w", in.Holder.ID)
+	}
+	require.NoError(t, hb.Unlock(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the set was not handed b")
+	}
+}

@@ -23,15 +23,24 @@ import (
 // aclRules are the only permissions the library needs, for the default prefix: its
 // keys and channels, the script commands, the commands the scripts call, and what
 // go-redis sends on connecting and subscribing. The README quotes them.
-const aclRules = workerACLRules + " +lrange +llen +scan +del" // those for Inspect, List and ForceRelease only
+const aclRules = workerACLRules + " " + limitACLRules + " " + operatorACLRules
 
-// workerACLRules are what a worker needs: locking, waiting, renewing, releasing.
+// workerACLRules are what a worker needs: locking, waiting, renewing, releasing,
+// one key or several.
 const workerACLRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
-	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish " +
-	"+type +del +hget +hgetall +hset +hdel" // for locks with Limit(n)
+	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish"
 
-const workerUser = "worker"
+// limitACLRules are what a worker needs more for locks with Limit(n).
+const limitACLRules = "+type +del +hget +hgetall +hset +hdel"
+
+// operatorACLRules are what Inspect, List and ForceRelease need more.
+const operatorACLRules = "+lrange +llen +scan +del"
+
+const (
+	workerUser  = "worker"
+	limiterUser = "limiter" // workerACLRules and limitACLRules
+)
 
 // certDir holds the shared server's certificates; TestMain removes it.
 var certDir string
@@ -63,7 +72,7 @@ func startSharedServer() (*redistest.Server, error) {
 	}
 	admin := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	defer admin.Close()
-	for user, rules := range map[string]string{aclUser: aclRules, workerUser: workerACLRules} {
+	for user, rules := range map[string]string{aclUser: aclRules, workerUser: workerACLRules, limiterUser: workerACLRules + " " + limitACLRules} {
 		args := []any{"ACL", "SETUSER", user, "reset", "on", ">" + aclPassword}
 		for _, r := range strings.Fields(rules) {
 			args = append(args, r)
@@ -165,9 +174,59 @@ func TestErrorsBounded(t *testing.T) {
 	}
 }
 
+// TestREADMEQuotesTheACLRules: the Safety section of the README gives these lines.
+func TestREADMEQuotesTheACLRules(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	text := string(b)
+	i := strings.Index(text, "ACL SETUSER locker on >password ")
+	require.GreaterOrEqual(t, i, 0)
+	block := strings.Join(strings.Fields(text[i:i+strings.Index(text[i:], "```")]), " ")
+	for _, rules := range []string{workerACLRules, limitACLRules, operatorACLRules} {
+		assert.Contains(t, block, strings.Join(strings.Fields(rules), " "))
+	}
+}
+
+// TestLimitACLSuffices: a worker with the rules the README gives for Limit(n) takes,
+// waits for (a hand-over), renews and releases a slot; without them it is refused.
+func TestLimitACLSuffices(t *testing.T) {
+	sharedServer(t)
+	for _, user := range []string{limiterUser, workerUser} {
+		rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: user, Password: aclPassword})
+		t.Cleanup(func() { rdb.Close() })
+		c := New(rdb)
+		defer c.Close()
+		ctx := context.Background()
+		key := uniqueKey(t) + ":" + user
+		l, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+		if user == workerUser {
+			assert.ErrorContains(t, err, "can't run this command", "control: Limit(n) needs its own rules")
+			continue
+		}
+		require.NoError(t, err)
+		l2, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			w, err := c.Lock(ctx, key, time.Minute, Limit(2), MaxWait(20*time.Second))
+			if err == nil {
+				err = w.Unlock(ctx)
+			}
+			got <- err
+		}()
+		waitForWaiters(t, backend{admin: sharedServer(t)}, c, key, 1)
+		require.NoError(t, l.Extend(ctx, time.Minute))
+		_, err = l.TTL(ctx)
+		require.NoError(t, err)
+		require.NoError(t, l.Unlock(ctx))
+		require.NoError(t, <-got, "handed over and released")
+		require.NoError(t, l2.Unlock(ctx))
+	}
+}
+
 func TestWorkerACLSuffices(t *testing.T) {
 	// What the README tells workers to grant: lock, wait (a hand-over), renew,
-	// release; and Inspect needs more.
+	// release, one key or several; and Inspect needs more.
 	sharedServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: workerUser, Password: aclPassword})
 	t.Cleanup(func() { rdb.Close() })
@@ -183,6 +242,10 @@ func TestWorkerACLSuffices(t *testing.T) {
 	require.NoError(t, l.Unlock(ctx))
 	require.NoError(t, <-got, "handed over and released")
 	require.NoError(t, c.WithLock(ctx, key, 60*time.Millisecond, func(ctx context.Context) error {
+		time.Sleep(100 * time.Millisecond) // a renewal or two
+		return ctx.Err()
+	}))
+	require.NoError(t, c.WithLockKeys(ctx, []string{key, key + ":2"}, 60*time.Millisecond, func(ctx context.Context) error {
 		time.Sleep(100 * time.Millisecond) // a renewal or two
 		return ctx.Err()
 	}))

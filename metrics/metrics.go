@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -231,7 +230,7 @@ func (c *Collector) taskType(name string) string {
 	if c.full.Load() {
 		return Other
 	}
-	name = labelValue(name)
+	name = shortkey.Field(name) // as mutex.HeldBy stores it; Prometheus requires UTF-8
 	if _, ok := c.taskTypes.Load(name); ok {
 		return name
 	}
@@ -247,15 +246,4 @@ func (c *Collector) taskType(name string) string {
 	c.nTaskTypes++
 	c.taskTypes.Store(name, struct{}{})
 	return name
-}
-
-// labelValue is name as mutex.HeldBy stores it (shortened past 100 bytes, with tabs
-// and line breaks turned to spaces), in valid UTF-8 as Prometheus requires.
-func labelValue(name string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '\t' || r == '\n' || r == '\r' {
-			return ' '
-		}
-		return r // strings.Map turns invalid UTF-8 into U+FFFD
-	}, shortkey.Shorten(name))
 }

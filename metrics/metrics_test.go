@@ -362,7 +362,19 @@ func TestTaskTypeLabel(t *testing.T) {
 	for _, name := range []string{long, stored(long), "bad\xffutf8", "tab\tand\nnewline"} {
 		c.Observe(context.Background(), mutex.Event{Op: mutex.OpBadInput, Name: name})
 	}
+	// 100 bytes that are not UTF-8 become 300 bytes of U+FFFD: still at most 100 as a
+	// label, as the lock stores it.
+	invalid := strings.Repeat("\xff", 100)
+	c.Observe(context.Background(), mutex.Event{Op: mutex.OpBadInput, Name: invalid})
 	got := ours(scrape(t, c))
+	for line := range got {
+		if v, ok := strings.CutPrefix(line, `asynqmutex_task_bad_input_total{task_type="`); ok && strings.HasPrefix(v, "\uFFFD") {
+			if n := len(strings.TrimSuffix(v, `"}`)); n > 100 {
+				t.Errorf("a task type of invalid bytes made a label of %d bytes, want at most 100", n)
+			}
+			delete(got, line)
+		}
+	}
 	want := map[string]float64{
 		`asynqmutex_task_bad_input_total{task_type="` + stored(long) + `"}`:    2, // raw and as stored: one label
 		`asynqmutex_task_bad_input_total{task_type="bad` + "\uFFFD" + `utf8"}`: 1,

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // Op says what happened in an Event.
@@ -122,7 +124,7 @@ func Observe(fn func(ctx context.Context, e Event)) Option {
 // from both name a task alike. Safe for concurrent use; a no-op without observers.
 func (c *Client) Emit(ctx context.Context, e Event) {
 	if c.observe != nil {
-		e.Name, e.ID = cleanField(e.Name), cleanField(e.ID)
+		e.Name, e.ID = shortkey.Field(e.Name), shortkey.Field(e.ID)
 		c.observe(ctx, e)
 	}
 }

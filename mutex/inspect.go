@@ -147,7 +147,7 @@ func parseDescription(d string) Holder {
 }
 
 // parseEntry reads a queue entry as lock.lua writes it: "<client>.<waiter> <lease ms>
-// <identity><description>".
+// <identity><description>" (the lease "<ms>/<limit>" for Limit(n), sem_lock.lua).
 func parseEntry(e string) Holder {
 	_, rest, _ := strings.Cut(e, " ")
 	_, rest, _ = strings.Cut(rest, " ")
@@ -371,7 +371,9 @@ type Released struct {
 // this package's form (set by hand) is deleted. One exception: a key that a waiting
 // set of keys keeps (see LockKeys) is taken again by that waiter's next attempt,
 // within a third of its lease, as nothing of the set has run yet; to free it for
-// good, stop the waiting task, or free the key it waits for.
+// good, stop the waiting task, or free the key it waits for. A key held with
+// Limit(n), n > 1, is refused with an error naming the limit and its holders while
+// any lease runs (a key whose every lease ended is freed).
 //
 // A wrapped Redis error means nothing is known. A call whose reply was lost and that
 // go-redis sent again recognises its own release (Repeated) and changes nothing more:

@@ -226,7 +226,7 @@ func Token(s string) LockOption {
 // bytes that are not UTF-8 U+FFFD.
 // Without HeldBy a lock records only host and process. They cost no extra round trip.
 func HeldBy(name, id string) LockOption {
-	b := heldBy{name: cleanField(name), id: cleanField(id)}
+	b := heldBy{name: shortkey.Field(name), id: shortkey.Field(id)}
 	return lockOptionFunc(func(c *lockConfig) { c.by = b })
 }
 
@@ -718,27 +718,12 @@ func (c *Client) describe(name, id string) string {
 	return identity(c.self + name + "\t" + id)
 }
 
-// cleanField makes s fit a description: valid UTF-8 (other bytes become U+FFFD), no
-// tab or newline, at most 100 bytes (shortened with a digest of s).
-func cleanField(s string) string {
-	c := strings.Map(func(r rune) rune {
-		if r == '\t' || r == '\n' || r == '\r' {
-			return ' '
-		}
-		return r
-	}, shortkey.Shorten(s))
-	if len(c) > shortkey.Max { // invalid bytes grew into three-byte U+FFFDs
-		c = shortkey.Shorten(c)
-	}
-	return c
-}
-
 func hostname() string {
 	h, err := os.Hostname()
 	if err != nil || h == "" {
 		return "unknown"
 	}
-	return cleanField(h)
+	return shortkey.Field(h)
 }
 
 // identity is how scripts name the holder of token: its length in idLenDigits

@@ -5,7 +5,8 @@
 -- KEYS[2] -> <prefix>{<key>}:slots  waiters, as in lock.lua but with "<lease ms>/<limit>"
 -- ARGV[1] -> identity of this acquisition: its token's length in 4 digits, then the token
 -- ARGV[2] -> lease in milliseconds
--- ARGV[3] -> waiter to queue if every slot is taken, "<client>.<waiter> <lease ms>", or ""
+-- ARGV[3] -> waiter to queue if every slot is taken, "<client>.<waiter> <lease ms>/<limit>",
+--            or ""
 -- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
 -- ARGV[5] -> the holder's description: its length in 4 digits, then the text
 -- ARGV[6] -> n, the limit asked for

@@ -18,9 +18,10 @@ import (
 )
 
 // A lock with Limit(n), n > 1, is a counting semaphore: up to n holders at once. It
-// is stored as semaphore.lua describes and shares the plain lock's wait queue,
-// subscription and hand-over; the functions here are what Lock, TryLock, WithLock,
-// Unlock, Extend, TTL, Locked and Inspect do for it.
+// is stored as semaphore.lua describes, with a queue of its own (<key>:slots) whose
+// entries carry the limit, and shares the plain lock's subscription and hand-over;
+// the functions here are what Lock, TryLock, WithLock, Unlock, Extend, TTL, Locked,
+// Inspect and ForceRelease do for it.
 
 var (
 	//go:embed semaphore.lua
@@ -130,8 +131,8 @@ func limitText(n int) string {
 
 // Slot is one holder of a lock with Limit(n), as Inspect and List read it.
 type Slot struct {
-	Holder Holder
-	Fence  int64
+	Holder Holder // what the holder recorded about itself (see HeldBy)
+	Fence  int64  // the fence of its acquisition
 	// Since is when the holder got its slot, on the Redis server's clock; TTL is its
 	// lease left.
 	Since time.Time

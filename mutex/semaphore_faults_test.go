@@ -5,7 +5,6 @@ package mutex
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -23,12 +22,10 @@ func waitQueueLen(t *testing.T, admin *redis.Client, c *Client, key string, n in
 	time.Sleep(50 * time.Millisecond)
 }
 
-// A plain lock's waiter queued behind a holder that crashed is handed a slot by the
-// first Limit(n) acquisition that finds the key free: sem_lock.lua's semHandOver pops
-// the plain waiter's entry, writes it into the hash as a holder and PUBLISHes its
-// fence, and the plain Lock returns as if it held the key alone, while the Limit(3)
-// holder holds it too. The README promises that a plain lock and a Limit(n) on one key
-// exclude each other (LimitError), so this breaks mutual exclusion of the plain lock.
+// A plain lock's waiter queued behind a holder that crashed must not be handed a slot
+// by the first Limit(3) acquisition that finds the key free (the two kinds queue
+// apart): it would hold the key it asked to hold alone while the Limit(3) holder
+// holds it too. It may only wait, or learn of the limit (LimitError).
 func TestPlainWaiterIsNotHandedASemaphoreSlot(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)
@@ -37,7 +34,7 @@ func TestPlainWaiterIsNotHandedASemaphoreSlot(t *testing.T) {
 		key := uniqueKey(t)
 		rkey := c.redisKey(key)
 
-		crashed, err := c.TryLock(ctx, key, time.Hour)
+		_, err := c.TryLock(ctx, key, time.Hour) // the holder that will crash
 		require.NoError(t, err)
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
@@ -53,7 +50,6 @@ func TestPlainWaiterIsNotHandedASemaphoreSlot(t *testing.T) {
 		}()
 		waitQueueLen(t, b.admin, c, key, 1)
 		b.expire(t, rkey) // the plain holder crashed: its lease ends; the waiter sleeps for an hour
-		_ = crashed
 
 		sem, err := c.TryLock(ctx, key, time.Minute, Limit(3))
 		require.NoError(t, err, "a Limit(3) acquisition on the free key")
@@ -69,7 +65,8 @@ func TestPlainWaiterIsNotHandedASemaphoreSlot(t *testing.T) {
 			uerr := l.Unlock(ctx)
 			assert.NoError(t, uerr, "and the plain holder cannot even Unlock it")
 		case err := <-errs:
-			t.Logf("plain waiter ended with %v (acceptable: a LimitError, or the wait ending)", err)
+			var le *LimitError
+			assert.ErrorAs(t, err, &le, "a plain waiter may only learn that the key is held with Limit(3)")
 		case <-time.After(2 * time.Second):
 			// Correct: the plain waiter still waits (the key is held with Limit(3)).
 			cancel()
@@ -84,12 +81,10 @@ func TestPlainWaiterIsNotHandedASemaphoreSlot(t *testing.T) {
 	})
 }
 
-// The reverse: a Limit(2) waiter queued behind slots that crashed; a plain lock takes
-// the free key (lock.lua does not look at the queue) and a plain waiter queues behind
-// it (marking the lock "w"). The plain Unlock's hand-over (release.lua) pops the
-// Limit(2) waiter's entry and makes it the plain lock's holder. The semaphore waiter's
-// Lock returns a slot; its Unlock (sem_release.lua: the key is no hash) reports
-// ErrNotHeld and frees nothing, so the plain waiter waits out the whole lease.
+// The reverse: a Limit(2) waiter queued behind slots that crashed must not be handed
+// the plain lock that took the free key when that lock's holder releases it to its
+// own waiter: the plain waiter gets it, and the Limit(2) waiter only waits or learns
+// of the plain lock (LimitError).
 func TestSemaphoreWaiterIsNotHandedAPlainLock(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)
@@ -98,11 +93,10 @@ func TestSemaphoreWaiterIsNotHandedAPlainLock(t *testing.T) {
 		key := uniqueKey(t)
 		rkey := c.redisKey(key)
 
-		s1, err := c.TryLock(ctx, key, time.Hour, Limit(2))
-		require.NoError(t, err)
-		s2, err := c.TryLock(ctx, key, time.Hour, Limit(2))
-		require.NoError(t, err)
-		_, _ = s1, s2
+		for range 2 { // the slot holders that will crash
+			_, err := c.TryLock(ctx, key, time.Hour, Limit(2))
+			require.NoError(t, err)
+		}
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
 		semGot := make(chan *Lock, 1)
@@ -143,9 +137,15 @@ func TestSemaphoreWaiterIsNotHandedAPlainLock(t *testing.T) {
 				t.Error("the plain waiter is stuck behind a plain lock that its holder cannot release")
 			}
 		case err := <-semErr:
-			t.Logf("semaphore waiter ended with %v", err)
-		case <-time.After(3 * time.Second):
-			t.Log("semaphore waiter still waiting (correct)")
+			var le *LimitError
+			assert.ErrorAs(t, err, &le, "a Limit(2) waiter may only learn that a plain lock holds the key")
+		case <-time.After(3 * time.Second): // still waiting: correct
+		}
+		select {
+		case err := <-plainGot:
+			assert.NoError(t, err, "the plain waiter is handed the plain lock and releases it")
+		case <-time.After(10 * time.Second):
+			t.Error("the plain waiter was not handed the plain lock")
 		}
 		cancel()
 		_ = b.admin.Del(ctx, rkey).Err()
@@ -153,11 +153,9 @@ func TestSemaphoreWaiterIsNotHandedAPlainLock(t *testing.T) {
 }
 
 // A Token reused by a later acquisition within 10s of its earlier Unlock: the earlier
-// release's mark (<key>:released:<digest of the identity>) is still there, so when the
-// later acquisition's slot is lost (its lease ended, a crash-like pause), its Unlock
-// returns nil instead of ErrNotHeld; WithLock would report success for work done
-// without the slot. The plain lock does report ErrNotHeld in the same scenario
-// (checked below as a control).
+// release's mark must not make the later one's Unlock succeed once its slot is lost
+// (its lease ended): it returns ErrNotHeld, as the plain lock does in the same steps
+// (checked below as a control), so that WithLock reports the lost lease.
 func TestReusedTokenLostSlotIsNotReleased(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)
@@ -191,9 +189,8 @@ func TestReusedTokenLostSlotIsNotReleased(t *testing.T) {
 }
 
 // A plain lock whose lease ended while the key became a Limit(n) hash: its Unlock,
-// Extend and TTL return Redis's raw WRONGTYPE error, not ErrNotHeld as documented
-// ("ErrNotHeld when the lease had expired, another token holds the key"). WithLock's
-// renewal then sees a Redis error, not a lost lease.
+// Extend and TTL return ErrNotHeld, as documented, not a Redis WRONGTYPE error, so
+// that WithLock's renewal sees a lost lease rather than a Redis fault.
 func TestPlainLockOnSemaphoreKeyIsNotHeld(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)
@@ -213,13 +210,10 @@ func TestPlainLockOnSemaphoreKeyIsNotHeld(t *testing.T) {
 	})
 }
 
-// go-redis resends a Lock's queuing attempt whose reply was lost: the first attempt
-// queued the waiter (RPUSH), the resend carries the same "not queued yet" flag, so
-// sem_lock.lua pushes the entry a second time. The waiter later gets a slot by the
-// first entry; when it releases, its own release pops the duplicate and grants the
-// slot straight back to the identity that just released (its Client still
-// listens), a phantom holder for the whole lease: one slot of two is lost for ttl,
-// and a third acquirer cannot get in although only one holder is real.
+// go-redis resends a Limit(n) Lock's queuing attempt whose reply was lost: the waiter
+// must be queued once. A second entry would later be handed the slot its waiter had
+// just released (its Client still listens): a phantom holder for the whole lease,
+// keeping a third acquirer out although only one holder is real.
 func TestLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 	rdb, p, _, c := throughProxy(t)
 	ctx := context.Background()
@@ -259,7 +253,7 @@ func TestLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // let go-redis resend
 	entries := rdb.LRange(ctx, q, 0, -1).Val()
-	t.Logf("queue after the lost reply: %d entries, dropped %d", len(entries), p.Dropped())
+	assert.Equal(t, 1, p.Dropped(), "the queuing attempt's reply was dropped")
 	assert.Len(t, entries, 1, "a resent attempt must not queue the waiter twice")
 
 	require.NoError(t, h1.Unlock(ctx))
@@ -281,16 +275,15 @@ func TestLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 	if third != nil {
 		_ = third.Unlock(ctx)
 	}
-	if !errors.Is(err, nil) {
+	if err != nil {
 		_ = rdb.Del(ctx, c.redisKey(key)).Err()
 	}
 }
 
-// The queue does not say which limit a waiter asked for. Limit(2) holders crash with a
-// Limit(2) waiter queued; a Limit(5) acquisition then finds the key free, makes 5 its
-// limit, and hands a slot to the Limit(2) waiter, whose Lock returns: it runs with up
-// to four others where it asked for at most one other. The documented outcome of
-// asking with another limit is a *LimitError.
+// Limit(2) holders crash with a Limit(2) waiter queued; a Limit(5) acquisition then
+// finds the key free and makes 5 its limit. The waiter must not be handed a slot (it
+// would run with up to four others where it asked for one): it is taken out of the
+// queue and told at once, and its Lock returns the *LimitError naming both limits.
 func TestWaiterOfAnotherLimitIsNotHandedASlot(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)
@@ -304,11 +297,14 @@ func TestWaiterOfAnotherLimitIsNotHandedASlot(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
 		got := make(chan *Lock, 1)
+		failed := make(chan error, 1)
 		go func() {
 			l, err := c.Lock(wctx, key, time.Minute, Limit(2))
 			if err == nil {
 				got <- l
+				return
 			}
+			failed <- err
 		}()
 		waitQueueLen(t, b.admin, c, key, 1)
 		b.expire(t, c.redisKey(key)) // both holders crashed
@@ -323,17 +319,23 @@ func TestWaiterOfAnotherLimitIsNotHandedASlot(t *testing.T) {
 			in, err := c.Inspect(ctx, key)
 			require.NoError(t, err)
 			t.Errorf("the Limit(2) waiter holds a slot of a key with limit %d and %d holders (fence %d)", in.Limit, len(in.Slots), l.Fence())
-		case <-time.After(2 * time.Second):
+		case err := <-failed:
+			// Taken out of the queue and told at once (its own timer would wait for
+			// an hour, the crashed holders' lease), it learns of the limit in force.
+			var le *LimitError
+			require.ErrorAs(t, err, &le)
+			assert.Equal(t, LimitError{Key: key, Held: 5, Asked: 2}, *le)
+		case <-time.After(10 * time.Second):
+			t.Error("the Limit(2) waiter was not told of the limit in force")
 		}
 		cancel()
 		_ = b.admin.Del(ctx, c.redisKey(key)).Err()
 	})
 }
 
-// The plain lock has the same duplicate-queue fault as TestLostQueueReplyLeaves
-// NoPhantomHolder: lock.lua pushes the entry again on go-redis's resend, and the
-// waiter's own release later hands the lock back to itself (a phantom holder for the
-// handed lease). Shown here because Limit(n) shares lock.lua's queue protocol.
+// The plain lock under the same fault as TestLostQueueReplyLeavesNoPhantomHolder:
+// a resent queuing attempt must queue the waiter once, or the waiter's own release
+// would hand the lock back to itself (a phantom holder for the handed lease).
 func TestPlainLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 	rdb, p, _, c := throughProxy(t)
 	ctx := context.Background()
@@ -361,6 +363,7 @@ func TestPlainLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond)
+	assert.Equal(t, 1, p.Dropped(), "the queuing attempt's reply was dropped")
 	assert.Len(t, rdb.LRange(ctx, q, 0, -1).Val(), 1, "a resent attempt must not queue the waiter twice")
 	require.NoError(t, h1.Unlock(ctx))
 	var w *Lock
@@ -377,9 +380,8 @@ func TestPlainLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 }
 
 // A plain Unlock repeated (as go-redis resends a release whose reply was lost) after
-// the next taker made the key a Limit(2) hash: Unlock's doc promises nil while the key
-// is "held by whoever took it next"; it returns Redis's raw WRONGTYPE error, so
-// WithLock reports a failed release for work that completed under the lock.
+// the next taker made the key a Limit(2) hash returns nil, as Unlock's doc promises
+// while the key is "held by whoever took it next", not a Redis WRONGTYPE error.
 func TestRepeatedPlainUnlockAfterSemaphoreTookTheKey(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)
@@ -406,9 +408,8 @@ func TestRepeatedPlainUnlockAfterSemaphoreTookTheKey(t *testing.T) {
 }
 
 // ForceRelease of a key whose Limit(n) holders have all crashed (every lease ended,
-// the hash not yet expired because one lease was long): it refuses, saying the key is
-// "held ... by 0 holders" and to wait for leases that have already ended, while
-// Locked and Inspect say the key is free.
+// the hash not yet expired because one lease was long) frees it, as Locked and
+// Inspect say it is free, rather than refuse it for "0 holders".
 func TestForceReleaseOfEndedSemaphore(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		c := New(b.rdb)

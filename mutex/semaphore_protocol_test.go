@@ -21,6 +21,7 @@ func TestLimitWaiterCancelledAsHandedOverPassesItOn(t *testing.T) {
 	c := New(b.rdb)
 	t.Cleanup(func() { c.Close() })
 	ctx := context.Background()
+	cancelledFirst := 0 // trials where the cancellation came before the slot
 	for trial := range 8 {
 		key := fmt.Sprintf("%s:%d", uniqueKey(t), trial)
 		other, err := c.TryLock(ctx, key, time.Hour, Limit(2))
@@ -52,7 +53,10 @@ func TestLimitWaiterCancelledAsHandedOverPassesItOn(t *testing.T) {
 		if err := <-firstDone; err == nil {
 			require.NoError(t, b.admin.Del(ctx, c.redisKey(key)).Err())
 			continue
+		} else {
+			require.ErrorIs(t, err, ErrNotObtained, "trial %d", trial)
 		}
+		cancelledFirst++
 		select {
 		case err := <-second:
 			require.NoError(t, err, "trial %d", trial)
@@ -61,6 +65,7 @@ func TestLimitWaiterCancelledAsHandedOverPassesItOn(t *testing.T) {
 		}
 		require.NoError(t, other.Unlock(ctx))
 	}
+	require.Positive(t, cancelledFirst, "no trial had the waiter cancelled before it took the slot")
 }
 
 // Fences increase across semaphore → tombstone → plain → plain crash → semaphore →
@@ -88,11 +93,9 @@ func TestLimitFencesAcrossKinds(t *testing.T) {
 		require.NoError(t, p.Unlock(ctx))
 		s3 := next("sem after plain tombstone")(c.TryLock(ctx, key, time.Minute, Limit(3)))
 		require.NoError(t, s3.Unlock(ctx))
-		p2 := next("plain again")(c.TryLock(ctx, key, time.Hour))
-		_ = p2
+		next("plain again")(c.TryLock(ctx, key, time.Hour))
 		b.expire(t, c.redisKey(key))
-		s4 := next("sem after a plain crash")(c.TryLock(ctx, key, time.Hour, Limit(3)))
-		_ = s4
+		next("sem after a plain crash")(c.TryLock(ctx, key, time.Hour, Limit(3)))
 		b.expire(t, c.redisKey(key))
 		next("sem after every holder crashed")(c.TryLock(ctx, key, time.Minute, Limit(3)))
 		require.NoError(t, b.admin.Del(ctx, c.redisKey(key)).Err())

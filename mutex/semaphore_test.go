@@ -389,7 +389,7 @@ func TestLimitLostReplies(t *testing.T) {
 	assert.Len(t, in.Slots, 1, "the release freed exactly one slot")
 	// Control: without its mark, the repeat would be told the slot is not held.
 	n, err := semReleaseScript.Run(ctx, c.rdb, []string{l.keys[0], l.keys[1], l.keys[0] + releasedInfix + "none"},
-		l.id, "", c.channels, c.countsSubscribers, tombstoneMillis).Int64()
+		l.id, "", c.channels, c.countsSubscribers, tombstoneMillis, l.fence).Int64()
 	require.NoError(t, err)
 	assert.Zero(t, n, "control: a repeated release without its mark")
 

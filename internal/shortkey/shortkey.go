@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -42,4 +43,20 @@ func Show(s string) string {
 		}
 	}
 	return short
+}
+
+// Field makes s fit a holder's description, a log field or a metric label: valid
+// UTF-8 (other bytes become U+FFFD), no tab or line break (they become spaces), at
+// most Max bytes (longer, shortened as Shorten does).
+func Field(s string) string {
+	c := strings.Map(func(r rune) rune {
+		if r == '\t' || r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, Shorten(s))
+	if len(c) > Max { // invalid bytes grew into three-byte U+FFFDs
+		c = Shorten(c)
+	}
+	return c
 }

@@ -45,11 +45,30 @@ local function value(fence, state, since, who, prev)
   return f .. state .. (since == fence and f or string.format('%016d', since)) .. who .. prev
 end
 
+-- serverMicros is the server time in microseconds.
+local function serverMicros()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- nextFence is the fence after value v's (v may be nil), and the server time in
 -- microseconds.
 local function nextFence(v)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local now = serverMicros()
   local f = v and tonumber(string.sub(v, 1, 16)) or 0
   return math.max(f + 1, now), now
+end
+
+-- entry reads a waiter's queue entry, "<client>.<waiter> <lease> <identity><description>"
+-- (lock.lua; the lease is "<ms>/<limit>" for Limit(n), sem_lock.lua): it returns the
+-- client, the waiter, the lease as written and the rest, or nil for an entry of
+-- another form.
+local function entry(e)
+  local dot = string.find(e, '.', 1, true)
+  local s1 = string.find(e, ' ', 1, true)
+  local s2 = s1 and string.find(e, ' ', s1 + 1, true)
+  if not (dot and s2 and dot < s1) then
+    return nil
+  end
+  return string.sub(e, 1, dot - 1), string.sub(e, dot + 1, s1 - 1), string.sub(e, s1 + 1, s2 - 1), string.sub(e, s2 + 1)
 end

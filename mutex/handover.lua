@@ -18,19 +18,16 @@ local function handOver(lock, q, v, prev, chan, counts)
     if not e then
       return false, v
     end
-    local dot = string.find(e, '.', 1, true)
-    local s1 = string.find(e, ' ', 1, true)
-    local s2 = s1 and string.find(e, ' ', s1 + 1, true)
-    local lease = s2 and tonumber(string.sub(e, s1 + 1, s2 - 1))
+    local client, waiter, ls, who = entry(e)
+    local lease = tonumber(ls)
     -- An entry of the releaser itself (prev) is left out: it is one the releaser's
     -- own wait left behind, and handing it the lock it gives up would keep the lock
     -- held by nobody.
-    if dot and lease and dot < s1 and lease > 0 and (prev == '' or string.sub(e, s2 + 1, s2 + #prev) ~= prev) then
+    if lease and lease > 0 and (prev == '' or string.sub(who, 1, #prev) ~= prev) then
       local f, now = nextFence(v)
-      local nv = value(f, 'w', now, string.sub(e, s2 + 1), prev)
+      local nv = value(f, 'w', now, who, prev)
       redis.call('SET', lock, nv, 'PX', lease)
-      local got = redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1),
-        string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.sub(nv, 1, 16))
+      local got = redis.call('PUBLISH', chan .. client, waiter .. ' ' .. string.sub(nv, 1, 16))
       if got > 0 or counts ~= '1' then
         return true
       end

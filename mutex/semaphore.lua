@@ -20,8 +20,7 @@
 
 -- semNow is the server time in microseconds and in milliseconds.
 local function semNow()
-  local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local us = serverMicros()
   return us, math.floor(us / 1000)
 end
 
@@ -104,25 +103,22 @@ local function semHandOver(h, q, s, self, id, desc, lease, chan, counts, us, ms)
     if e == self then
       return semGrant(h, s, id, desc, lease, us, ms)
     end
-    local dot = string.find(e, '.', 1, true)
-    local s1 = string.find(e, ' ', 1, true)
-    local s2 = s1 and string.find(e, ' ', s1 + 1, true)
+    local client, waiter, lf, who = entry(e)
     local ls, lim
-    if s2 then
-      ls, lim = string.match(string.sub(e, s1 + 1, s2 - 1), '^(%d+)/(%d+)$')
+    if client then
+      ls, lim = string.match(lf, '^(%d+)/(%d+)$')
     end
     local l = tonumber(ls)
-    local n = s2 and tonumber(string.sub(e, s2 + 1, s2 + 4))
-    if dot and l and n and dot < s1 and l > 0 and tonumber(lim) ~= s.limit then
+    local n = l and tonumber(string.sub(who, 1, 4))
+    if n and l > 0 and tonumber(lim) ~= s.limit then
       -- A waiter under another limit: out of the queue, and told to try again now,
       -- which tells it of the limit in force (its fence 0 means no slot).
-      redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1), string.sub(e, dot + 1, s1 - 1) .. ' 0')
-    elseif dot and l and n and dot < s1 and l > 0 then
-      local wid = string.sub(e, s2 + 1, s2 + 4 + n)
+      redis.call('PUBLISH', chan .. client, waiter .. ' 0')
+    elseif n and l > 0 then
+      local wid = string.sub(who, 1, 4 + n)
       if not s.held['h' .. wid] then
-        local f = semGrant(h, s, wid, string.sub(e, s2 + 5 + n), l, us, ms)
-        local got = redis.call('PUBLISH', chan .. string.sub(e, 1, dot - 1),
-          string.sub(e, dot + 1, s1 - 1) .. ' ' .. string.format('%d', f))
+        local f = semGrant(h, s, wid, string.sub(who, 5 + n), l, us, ms)
+        local got = redis.call('PUBLISH', chan .. client, waiter .. ' ' .. string.format('%d', f))
         if got == 0 and counts == '1' then
           redis.call('HDEL', h, 'h' .. wid)
           s.live = s.live - 1

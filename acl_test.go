@@ -29,13 +29,7 @@ func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
 	ctx := context.Background()
 	rules := strings.Fields(workerRulesFromREADME(t) + " " + capACLRules)
 	require.NoError(t, admin.Do(ctx, append([]any{"ACL", "SETUSER", "capworker", "on", ">capworker-secret"}, anys(rules)...)...).Err())
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "capworker", Password: "capworker-secret"})
-	t.Cleanup(func() { rdb.Close() })
-
-	locks := mutex.New(rdb)
-	t.Cleanup(func() { locks.Close() })
-	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
-	mw.rdb, mw.prefix = link.Redis(locks)
+	mw := cappedMiddleware(t, &redis.Options{Addr: srv.Addr(), Username: "capworker", Password: "capworker-secret"})
 	meta := taskMeta{id: "t-1", queue: "default"}
 	for want := 1; want <= 2; want++ {
 		r, err := mw.record(ctx, meta, countConflict)
@@ -86,15 +80,10 @@ func TestConflictCountedOnceAfterLostReply(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	p := redistest.NewProxy(t, srv.Addr())
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
-	t.Cleanup(func() { rdb.Close() })
-	locks := mutex.New(rdb)
-	t.Cleanup(func() { locks.Close() })
-	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
-	mw.rdb, mw.prefix = link.Redis(locks)
+	mw := cappedMiddleware(t, &redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
 	meta := taskMeta{id: "t-lost", queue: "default"}
 	// Loaded, so that the dropped reply is the script's, not a NOSCRIPT.
-	require.NoError(t, rescheduleScript.Load(ctx, rdb).Err())
+	require.NoError(t, rescheduleScript.Load(ctx, mw.rdb).Err())
 
 	p.DropReplies(1)
 	r, err := mw.record(ctx, meta, countConflict)
@@ -104,4 +93,16 @@ func TestConflictCountedOnceAfterLostReply(t *testing.T) {
 	r, err = mw.record(ctx, meta, countConflict)
 	require.NoError(t, err)
 	assert.Equal(t, 2, r.n, "the next conflict counts")
+}
+
+// cappedMiddleware is a middleware under MaxReschedules(2) and RetryLater(1s) whose locks, and
+// conflict counts, go through a client with opt.
+func cappedMiddleware(t *testing.T, opt *redis.Options) *middleware {
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	locks := mutex.New(rdb)
+	t.Cleanup(func() { locks.Close() })
+	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
+	mw.rdb, mw.prefix = link.Redis(locks)
+	return mw
 }

@@ -95,8 +95,8 @@ func TestConflictCountedOnceAfterLostReply(t *testing.T) {
 	assert.Equal(t, 2, r.n, "the next conflict counts")
 }
 
-// cappedMiddleware is a middleware under MaxReschedules(2) and RetryLater(1s) whose locks, and
-// conflict counts, go through a client with opt.
+// cappedMiddleware is a middleware under MaxReschedules(2) and RetryLater(1s) whose
+// locks, and conflict counts, go through a client with opt.
 func cappedMiddleware(t *testing.T, opt *redis.Options) *middleware {
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { rdb.Close() })

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -205,6 +206,17 @@ func TestLimitReleaseSkipsWaiterNobodyHears(t *testing.T) {
 		require.NoError(t, err)
 		h2, err := c.TryLock(ctx, key, time.Hour, Limit(2))
 		require.NoError(t, err)
+		// First in line, a waiter of a Client that dies: its connections close, so it
+		// neither hears a hand-over nor takes its entry out of the queue.
+		opt := *b.rdb.Options()
+		deadRdb := redis.NewClient(&opt)
+		d := New(deadRdb)
+		deadDone := make(chan error, 1)
+		go func() {
+			_, err := d.Lock(ctx, key, time.Hour, Limit(2), MaxWait(time.Minute))
+			deadDone <- err
+		}()
+		waitForWaiters(t, b, d, key, 1)
 		got := make(chan error, 1)
 		go func() {
 			l, err := c.Lock(ctx, key, time.Minute, Limit(2), MaxWait(time.Minute))
@@ -213,9 +225,24 @@ func TestLimitReleaseSkipsWaiterNobodyHears(t *testing.T) {
 			}
 			got <- err
 		}()
-		waitForWaiters(t, b, c, key, 1)
-		// Waiters of a Client that died, in the form sem_lock.lua queues them, ahead
-		// of the live one. More of them than any fixed bound on a release's work.
+		waitForWaiters(t, b, c, key, 2)
+		require.NoError(t, deadRdb.Close())
+		require.NoError(t, d.Close())
+		select {
+		case err := <-deadDone:
+			require.Error(t, err, "the dead Client's waiter cannot reach Redis")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the dead Client's waiter did not return")
+		}
+		require.Eventually(t, func() bool {
+			m, err := b.admin.PubSubNumSub(ctx, d.hub.channel).Result()
+			return err == nil && m[d.hub.channel] == 0
+		}, 10*time.Second, 5*time.Millisecond, "the dead Client is still subscribed")
+		n, err := b.admin.LLen(ctx, rkey+semWaitSuffix).Result()
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n, "control: the dead waiter's entry is still queued, ahead of the live one")
+		// More dead waiters, in the form sem_lock.lua queues them, ahead of those: more
+		// of them than any fixed bound on a release's work.
 		const dead = 40
 		for i := range dead {
 			tok := fmt.Sprintf("deadtok%02d", i)

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/asynqmutex/asynqmutex/internal/link"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -103,6 +102,6 @@ func cappedMiddleware(t *testing.T, opt *redis.Options) *middleware {
 	locks := mutex.New(rdb)
 	t.Cleanup(func() { locks.Close() })
 	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
-	mw.rdb, mw.prefix = link.Redis(locks)
+	mw.rdb, mw.prefix = locks.Redis(), locks.Prefix()
 	return mw
 }

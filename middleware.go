@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/internal/keyset"
-	"github.com/asynqmutex/asynqmutex/internal/link"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -66,6 +65,8 @@ type config struct {
 	maxRescheduleTime time.Duration // 0: no cap
 
 	meta func(context.Context) taskMeta // what asynq says of the task; a seam for tests
+
+	observe func(context.Context, Event) // nil: no observer (see Observe)
 
 	limit int // tasks per key at once
 }
@@ -293,9 +294,9 @@ func Logger(l *slog.Logger) Option {
 // type longer than 100 bytes is shown shortened, with a digest.
 //
 // Each lock records the task type and task ID as its holder (mutex.HeldBy), which
-// mutex.Client.Inspect and the asynqmutex command show. Events go to the observers
-// of locks (mutex.Observe): the lock's own, and OpConflict with the policy applied
-// and OpBadInput for a task archived for its input.
+// mutex.Client.Inspect and the asynqmutex command show. The lock's events go to the
+// Client's observers (mutex.Observe); the middleware's own, a conflict with the
+// policy applied and a task archived for its input, to Observe's.
 //
 // Middleware panics if locks is nil or the options conflict. The returned middleware
 // is safe for concurrent use.
@@ -314,7 +315,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	if m.capped() && (m.policy == Skip || m.policy == Fail) {
 		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
 	}
-	m.rdb, m.prefix = link.Redis(locks)
+	m.rdb, m.prefix = locks.Redis(), locks.Prefix()
 	m.limitOpt = mutex.Limit(m.limit)
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
@@ -344,7 +345,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", shortkey.Quote(t.Type()), err)
 		}
 		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
-		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpBadInput, Name: t.Type(), ID: id, Err: err})
+		m.emit(ctx, Event{Op: OpBadInput, TaskType: t.Type(), TaskID: id, Err: err})
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -412,7 +413,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		le.Key = busy
 	}
 	conflict := func(policy string) {
-		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpConflict, Key: key, Keys: keys, Name: t.Type(), ID: id, Wait: time.Since(start), Policy: policy, Err: le})
+		m.emit(ctx, Event{Op: OpConflict, TaskType: t.Type(), TaskID: id, Key: key, Keys: keys, Wait: time.Since(start), Policy: policy, Err: le})
 		m.failed(ctx, t, le)
 	}
 	switch m.policy {

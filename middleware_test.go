@@ -523,6 +523,7 @@ func TestMiddlewareEvents(t *testing.T) {
 	var (
 		mu     sync.Mutex
 		events []mutex.Event
+		tasks  []Event
 	)
 	locks := mutex.New(rdb, mutex.Observe(func(_ context.Context, e mutex.Event) {
 		mu.Lock()
@@ -530,48 +531,59 @@ func TestMiddlewareEvents(t *testing.T) {
 		mu.Unlock()
 	}))
 	t.Cleanup(func() { locks.Close() })
-	take := func() []mutex.Event {
+	take := func() ([]mutex.Event, []Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		e := events
-		events = nil
-		return e
+		e, tk := events, tasks
+		events, tasks = nil, nil
+		return e, tk
 	}
 	ctx := context.Background()
 	var holder mutex.Info
-	h := Middleware(locks, On("id"), OnConflict(Skip))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+	h := Middleware(locks, On("id"), OnConflict(Skip), Observe(func(_ context.Context, e Event) {
+		mu.Lock()
+		tasks = append(tasks, e)
+		mu.Unlock()
+	}))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		var err error
 		holder, err = locks.Inspect(ctx, `["pay","t1"]`)
 		return err
 	}))
 	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"id":"t1"}`))))
 	assert.Equal(t, "pay", holder.Holder.Name, "the lock records the task type")
-	ev := take()
+	ev, tk := take()
 	require.Len(t, ev, 2)
 	assert.Equal(t, mutex.OpAcquired, ev[0].Op)
 	assert.Equal(t, "pay", ev[0].Name)
 	assert.Equal(t, mutex.OpReleased, ev[1].Op)
+	assert.Empty(t, tk, "a task that ran is no event of the middleware's")
 
 	busy, err := locks.TryLock(ctx, `["pay","t1"]`, time.Minute)
 	require.NoError(t, err)
 	defer busy.Unlock(ctx)
 	take()
 	require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"id":"t1"}`))))
-	ev = take()
-	require.Len(t, ev, 3)
-	assert.Equal(t, []mutex.Op{mutex.OpContended, mutex.OpNotObtained, mutex.OpConflict}, []mutex.Op{ev[0].Op, ev[1].Op, ev[2].Op})
-	assert.Equal(t, "skip", ev[2].Policy)
-	assert.Equal(t, `["pay","t1"]`, ev[2].Key)
+	ev, tk = take()
+	require.Len(t, ev, 2)
+	assert.Equal(t, []mutex.Op{mutex.OpContended, mutex.OpNotObtained}, []mutex.Op{ev[0].Op, ev[1].Op})
+	require.Len(t, tk, 1)
+	assert.Equal(t, OpConflict, tk[0].Op)
+	assert.Equal(t, "skip", tk[0].Policy)
+	assert.Equal(t, "pay", tk[0].TaskType)
+	assert.Equal(t, `["pay","t1"]`, tk[0].Key)
 	var le *LockedError
-	assert.ErrorAs(t, ev[2].Err, &le)
+	assert.ErrorAs(t, tk[0].Err, &le)
 
-	err = h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{"no":"id"}`)))
+	err = h.ProcessTask(ctx, asynq.NewTask("pay\tx", []byte(`{"no":"id"}`)))
 	require.Error(t, err)
-	ev = take()
-	require.Len(t, ev, 1)
-	assert.Equal(t, mutex.OpBadInput, ev[0].Op)
-	assert.Equal(t, "pay", ev[0].Name)
-	assert.Equal(t, err, ev[0].Err)
+	ev, tk = take()
+	assert.Empty(t, ev, "no lock was tried")
+	require.Len(t, tk, 1)
+	assert.Equal(t, OpBadInput, tk[0].Op)
+	assert.Equal(t, "pay x", tk[0].TaskType, "the task type cleaned as mutex.HeldBy cleans it")
+	assert.Equal(t, err, tk[0].Err)
+	assert.Equal(t, "bad_input", OpBadInput.String())
+	assert.Equal(t, "op(9)", Op(9).String())
 }
 
 func TestMiddlewareSeveralKeys(t *testing.T) {

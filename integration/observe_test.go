@@ -29,6 +29,7 @@ func TestRunningTaskIsVisible(t *testing.T) {
 	var (
 		mu     sync.Mutex
 		events []mutex.Event
+		tasks  []asynqmutex.Event
 	)
 	locks := mutex.New(rdb, mutex.Observe(func(_ context.Context, ev mutex.Event) {
 		mu.Lock()
@@ -36,7 +37,12 @@ func TestRunningTaskIsVisible(t *testing.T) {
 		mu.Unlock()
 	}))
 	started, release := make(chan struct{}, 2), make(chan struct{})
-	mw := asynqmutex.Middleware(locks, asynqmutex.On("account"), asynqmutex.OnConflict(asynqmutex.Skip))
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("account"), asynqmutex.OnConflict(asynqmutex.Skip),
+		asynqmutex.Observe(func(_ context.Context, ev asynqmutex.Event) {
+			mu.Lock()
+			tasks = append(tasks, ev)
+			mu.Unlock()
+		}))
 	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(asynq.HandlerFunc(
 		func(ctx context.Context, _ *asynq.Task) error {
 			started <- struct{}{}
@@ -74,15 +80,18 @@ func TestRunningTaskIsVisible(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	var conflict, released bool
+	for _, ev := range tasks {
+		if ev.Op == asynqmutex.OpConflict && ev.TaskID == second.ID {
+			conflict = ev.Policy == "skip" && ev.TaskType == "transfer" && ev.Key == key
+		}
+	}
 	for _, ev := range events {
 		switch {
-		case ev.Op == mutex.OpConflict && ev.ID == second.ID:
-			conflict = ev.Policy == "skip" && ev.Name == "transfer" && ev.Key == key
 		case ev.Op == mutex.OpReleased && ev.ID == first.ID:
 			released = ev.Name == "transfer" && ev.Held > 0
 		}
 	}
 	if !conflict || !released {
-		t.Errorf("events: conflict of the second task seen %v, release by the first %v; got %+v", conflict, released, events)
+		t.Errorf("events: conflict of the second task seen %v, release by the first %v; got %+v and %+v", conflict, released, tasks, events)
 	}
 }

@@ -65,6 +65,7 @@ func TestMiddlewareMetrics(t *testing.T) {
 	hold("report:archive", "z")
 
 	quiet := asynqmutex.Logger(slog.New(slog.DiscardHandler)) // the lost lease is on purpose
+	seen := asynqmutex.Observe(m.ObserveTask)
 	release := make(chan struct{})
 	var built atomic.Int32
 	build := func(ctx context.Context, t *asynq.Task) error {
@@ -77,15 +78,15 @@ func TestMiddlewareMetrics(t *testing.T) {
 		return nil
 	}
 	mux := asynq.NewServeMux()
-	mux.Handle("report:build", asynqmutex.Middleware(locks, asynqmutex.On("tenant"), asynqmutex.MaxWait(30*time.Second))(asynq.HandlerFunc(build)))
+	mux.Handle("report:build", asynqmutex.Middleware(locks, seen, asynqmutex.On("tenant"), asynqmutex.MaxWait(30*time.Second))(asynq.HandlerFunc(build)))
 	noop := asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })
-	mux.Handle("report:skip", asynqmutex.Middleware(locks, asynqmutex.On("tenant"), asynqmutex.OnConflict(asynqmutex.Skip))(noop))
-	mux.Handle("report:fail", asynqmutex.Middleware(locks, asynqmutex.On("tenant"), asynqmutex.OnConflict(asynqmutex.Fail))(noop))
-	mux.Handle("report:archive", asynqmutex.Middleware(locks, asynqmutex.On("tenant"))(noop))
+	mux.Handle("report:skip", asynqmutex.Middleware(locks, seen, asynqmutex.On("tenant"), asynqmutex.OnConflict(asynqmutex.Skip))(noop))
+	mux.Handle("report:fail", asynqmutex.Middleware(locks, seen, asynqmutex.On("tenant"), asynqmutex.OnConflict(asynqmutex.Fail))(noop))
+	mux.Handle("report:archive", asynqmutex.Middleware(locks, seen, asynqmutex.On("tenant"))(noop))
 	// A lease lost while the handler runs: another worker force-releases the key, the
 	// next renewal (every 100 ms) finds it gone and cancels the handler.
 	lostStarted := make(chan string, 1)
-	mux.Handle("report:lost", asynqmutex.Middleware(locks, asynqmutex.On("tenant"), asynqmutex.TTL(300*time.Millisecond), quiet)(
+	mux.Handle("report:lost", asynqmutex.Middleware(locks, seen, asynqmutex.On("tenant"), asynqmutex.TTL(300*time.Millisecond), quiet)(
 		asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			lostStarted <- string(t.Payload())
 			<-ctx.Done()

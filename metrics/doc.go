@@ -1,15 +1,15 @@
 // Package metrics exports Prometheus metrics of asynqmutex locks, built on the events
-// of package mutex: how long acquisitions wait and locks are held, how often keys are
+// of package mutex and of the asynqmutex middleware: how long acquisitions wait and locks are held, how often keys are
 // contended, how many acquisitions wait now, and what went wrong (conflicts by policy,
 // lost leases, failed renewals, tasks without a key, lost wake-ups).
 //
 // A Collector is a prometheus.Collector whose Observe method is given to the lock
-// Client:
+// Client, and its ObserveTask method to the middleware:
 //
 //	m := metrics.New()
 //	reg.MustRegister(m) // or prometheus.MustRegister(m)
 //	locks := mutex.New(rdb, mutex.Observe(m.Observe))
-//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.On("tenant")))
+//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.On("tenant"), asynqmutex.Observe(m.ObserveTask)))
 //
 // Every name carries the prefix "asynqmutex_", as asynq's own x/metrics carry
 // "asynq_". Times are in seconds, counters end in _total:
@@ -35,9 +35,9 @@
 // # Labels are bounded
 //
 // No metric is labelled by lock key or task ID: there can be any number of them. The
-// task_type label is the event's Name, which is what the holder passed to
-// mutex.HeldBy: the task type under the asynqmutex middleware, "" for a lock taken
-// without HeldBy. Shown whole up to 100 bytes and shortened with a digest beyond (as
+// task_type label is a lock event's Name, which is what the holder passed to
+// mutex.HeldBy (the task type under the asynqmutex middleware, "" for a lock taken
+// without HeldBy), or a middleware event's TaskType. Shown whole up to 100 bytes and shortened with a digest beyond (as
 // mutex.HeldBy stores it), it takes at most MaxTaskTypes distinct values (1000 by
 // default) besides ""; events of any later task type are counted under task_type
 // "other", so that a program that makes task types from data cannot grow the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -49,10 +50,12 @@ func MaxTaskTypes(n int) Option {
 	return optionFunc(func(c *config) { c.maxTaskTypes = n })
 }
 
-// Collector turns the events of mutex Clients into Prometheus metrics. Register it
-// with a prometheus.Registerer (it is a prometheus.Collector), and give its Observe
-// method to every Client it should hear, with mutex.Observe: one Collector may serve
-// several Clients, and their figures add up. Register it once per registry: a second
+// Collector turns the events of mutex Clients and asynqmutex middleware into
+// Prometheus metrics. Register it with a prometheus.Registerer (it is a
+// prometheus.Collector), give its Observe method to every Client it should hear, with
+// mutex.Observe, and its ObserveTask method to every middleware, with
+// asynqmutex.Observe: one Collector may serve several of each, and their figures add
+// up. Register it once per registry: a second
 // Collector in the same registry fails to register, its metrics having the same
 // names.
 //
@@ -190,14 +193,23 @@ func (c *Collector) Observe(_ context.Context, e mutex.Event) {
 		c.renewFailures.WithLabelValues(c.taskType(e.Name)).Inc()
 	case mutex.OpReleaseFailed:
 		c.releaseFailures.WithLabelValues(c.taskType(e.Name)).Inc()
-	case mutex.OpConflict:
-		c.conflicts.WithLabelValues(c.taskType(e.Name), policy(e.Policy)).Inc()
-	case mutex.OpBadInput:
-		c.badInput.WithLabelValues(c.taskType(e.Name)).Inc()
 	case mutex.OpWakeupLost:
 		c.wakeupLost.Inc()
 	case mutex.OpWakeupRecovered:
 		c.wakeupRecovered.Inc()
+	}
+}
+
+// ObserveTask records e, an event of the asynqmutex middleware, in the Collector's
+// metrics. Give it to the middleware with asynqmutex.Observe(c.ObserveTask), beside
+// mutex.Observe(c.Observe) for the locks. Like Observe it does not block, never
+// fails, ignores operations it does not know, and is safe for concurrent use.
+func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
+	switch e.Op {
+	case asynqmutex.OpConflict:
+		c.conflicts.WithLabelValues(c.taskType(e.TaskType), policy(e.Policy)).Inc()
+	case asynqmutex.OpBadInput:
+		c.badInput.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	}
 }
 

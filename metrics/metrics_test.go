@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
+	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/metrics"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -119,77 +120,77 @@ func TestObserve(t *testing.T) {
 	busy := mutex.ErrNotObtained
 	for _, tc := range []struct {
 		name   string
-		events []mutex.Event
+		events []any // mutex.Event or asynqmutex.Event
 		want   map[string]float64
 	}{
-		{"acquired at once", []mutex.Event{
-			{Op: mutex.OpAcquired, Key: "k", Name: "pay", ID: "1", Fence: 7, Wait: 2 * time.Millisecond},
+		{"acquired at once", []any{
+			mutex.Event{Op: mutex.OpAcquired, Key: "k", Name: "pay", ID: "1", Fence: 7, Wait: 2 * time.Millisecond},
 		}, map[string]float64{
 			`asynqmutex_lock_wait_seconds_count{outcome="acquired",task_type="pay"}`: 1,
 			`asynqmutex_lock_wait_seconds_sum{outcome="acquired",task_type="pay"}`:   0.002,
 		}},
-		{"contended, then acquired", []mutex.Event{
-			{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
-			{Op: mutex.OpAcquired, Key: "k", Name: "pay", ID: "1", Contended: true, Wait: 1500 * time.Millisecond},
+		{"contended, then acquired", []any{
+			mutex.Event{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
+			mutex.Event{Op: mutex.OpAcquired, Key: "k", Name: "pay", ID: "1", Contended: true, Wait: 1500 * time.Millisecond},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type="pay"}`:                       1,
 			`asynqmutex_lock_wait_seconds_count{outcome="acquired",task_type="pay"}`: 1,
 			`asynqmutex_lock_wait_seconds_sum{outcome="acquired",task_type="pay"}`:   1.5,
 		}},
-		{"contended and waiting", []mutex.Event{
-			{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
+		{"contended and waiting", []any{
+			mutex.Event{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type="pay"}`: 1,
 			`asynqmutex_lock_waiters{task_type="pay"}`:         1,
 		}},
-		{"busy until the wait ended", []mutex.Event{
-			{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
-			{Op: mutex.OpNotObtained, Key: "k", Name: "pay", ID: "1", Contended: true, Wait: time.Second, Err: busy},
+		{"busy until the wait ended", []any{
+			mutex.Event{Op: mutex.OpContended, Key: "k", Name: "pay", ID: "1"},
+			mutex.Event{Op: mutex.OpNotObtained, Key: "k", Name: "pay", ID: "1", Contended: true, Wait: time.Second, Err: busy},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type="pay"}`:                           1,
 			`asynqmutex_lock_wait_seconds_count{outcome="not_obtained",task_type="pay"}`: 1,
 			`asynqmutex_lock_wait_seconds_sum{outcome="not_obtained",task_type="pay"}`:   1,
 		}},
-		{"context ended the wait", []mutex.Event{
-			{Op: mutex.OpNotObtained, Key: "k", Name: "pay", Err: errors.Join(busy, context.Canceled)},
+		{"context ended the wait", []any{
+			mutex.Event{Op: mutex.OpNotObtained, Key: "k", Name: "pay", Err: errors.Join(busy, context.Canceled)},
 		}, map[string]float64{
 			`asynqmutex_lock_wait_seconds_count{outcome="not_obtained",task_type="pay"}`: 1,
 		}},
-		{"Redis error", []mutex.Event{
-			{Op: mutex.OpNotObtained, Key: "k", Name: "pay", Wait: 3 * time.Millisecond, Err: errors.New("mutex: lock \"k\": dial tcp: connection refused")},
+		{"Redis error", []any{
+			mutex.Event{Op: mutex.OpNotObtained, Key: "k", Name: "pay", Wait: 3 * time.Millisecond, Err: errors.New("mutex: lock \"k\": dial tcp: connection refused")},
 		}, map[string]float64{
 			`asynqmutex_lock_wait_seconds_count{outcome="error",task_type="pay"}`: 1,
 			`asynqmutex_lock_wait_seconds_sum{outcome="error",task_type="pay"}`:   0.003,
 		}},
-		{"released", []mutex.Event{
-			{Op: mutex.OpReleased, Key: "k", Name: "pay", ID: "1", Held: 250 * time.Millisecond},
+		{"released", []any{
+			mutex.Event{Op: mutex.OpReleased, Key: "k", Name: "pay", ID: "1", Held: 250 * time.Millisecond},
 		}, map[string]float64{
 			`asynqmutex_lock_hold_seconds_count{task_type="pay"}`: 1,
 			`asynqmutex_lock_hold_seconds_sum{task_type="pay"}`:   0.25,
 		}},
-		{"lease lost", []mutex.Event{
-			{Op: mutex.OpLeaseLost, Key: "k", Name: "pay", ID: "1", Held: time.Minute, Err: mutex.ErrNotHeld},
+		{"lease lost", []any{
+			mutex.Event{Op: mutex.OpLeaseLost, Key: "k", Name: "pay", ID: "1", Held: time.Minute, Err: mutex.ErrNotHeld},
 		}, map[string]float64{
 			`asynqmutex_lease_lost_total{task_type="pay"}`: 1,
 		}},
-		{"renewal failed", []mutex.Event{
-			{Op: mutex.OpRenewFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
-			{Op: mutex.OpRenewFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
+		{"renewal failed", []any{
+			mutex.Event{Op: mutex.OpRenewFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
+			mutex.Event{Op: mutex.OpRenewFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
 		}, map[string]float64{
 			`asynqmutex_lease_renew_failures_total{task_type="pay"}`: 2,
 		}},
-		{"release failed", []mutex.Event{
-			{Op: mutex.OpReleaseFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
+		{"release failed", []any{
+			mutex.Event{Op: mutex.OpReleaseFailed, Key: "k", Name: "pay", Err: errors.New("i/o timeout")},
 		}, map[string]float64{
 			`asynqmutex_lock_release_failures_total{task_type="pay"}`: 1,
 		}},
-		{"conflicts by policy", []mutex.Event{
-			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "skip"},
-			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "fail"},
-			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "retry"},
-			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "retry"},
-			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "archive"},
-			{Op: mutex.OpConflict, Key: "k", Name: "pay", Policy: "a policy of tomorrow"},
+		{"conflicts by policy", []any{
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "skip"},
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "fail"},
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "retry"},
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "retry"},
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "archive"},
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "a policy of tomorrow"},
 		}, map[string]float64{
 			`asynqmutex_task_conflicts_total{policy="skip",task_type="pay"}`:    1,
 			`asynqmutex_task_conflicts_total{policy="fail",task_type="pay"}`:    1,
@@ -197,23 +198,23 @@ func TestObserve(t *testing.T) {
 			`asynqmutex_task_conflicts_total{policy="archive",task_type="pay"}`: 1,
 			`asynqmutex_task_conflicts_total{policy="other",task_type="pay"}`:   1,
 		}},
-		{"bad input", []mutex.Event{
-			{Op: mutex.OpBadInput, Name: "pay", ID: "1", Err: errors.New("no field tenant")},
+		{"bad input", []any{
+			asynqmutex.Event{Op: asynqmutex.OpBadInput, TaskType: "pay", TaskID: "1", Err: errors.New("no field tenant")},
 		}, map[string]float64{
 			`asynqmutex_task_bad_input_total{task_type="pay"}`: 1,
 		}},
-		{"wake-ups lost and recovered", []mutex.Event{
-			{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
-			{Op: mutex.OpWakeupRecovered},
-			{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
+		{"wake-ups lost and recovered", []any{
+			mutex.Event{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
+			mutex.Event{Op: mutex.OpWakeupRecovered},
+			mutex.Event{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
 		}, map[string]float64{
 			`asynqmutex_wakeup_lost_total`:      2,
 			`asynqmutex_wakeup_recovered_total`: 1,
 		}},
-		{"a lock without HeldBy", []mutex.Event{
-			{Op: mutex.OpContended, Key: "k"},
-			{Op: mutex.OpAcquired, Key: "k", Contended: true, Wait: time.Second},
-			{Op: mutex.OpReleased, Key: "k", Held: time.Second},
+		{"a lock without HeldBy", []any{
+			mutex.Event{Op: mutex.OpContended, Key: "k"},
+			mutex.Event{Op: mutex.OpAcquired, Key: "k", Contended: true, Wait: time.Second},
+			mutex.Event{Op: mutex.OpReleased, Key: "k", Held: time.Second},
 		}, map[string]float64{
 			`asynqmutex_lock_contended_total{task_type=""}`:                       1,
 			`asynqmutex_lock_wait_seconds_count{outcome="acquired",task_type=""}`: 1,
@@ -221,16 +222,23 @@ func TestObserve(t *testing.T) {
 			`asynqmutex_lock_hold_seconds_count{task_type=""}`:                    1,
 			`asynqmutex_lock_hold_seconds_sum{task_type=""}`:                      1,
 		}},
-		{"an operation it does not know", []mutex.Event{
-			{Op: mutex.Op(200), Key: "k", Name: "pay", Wait: time.Second, Held: time.Second},
-			{Op: 0, Key: "k", Name: "pay"},
+		{"an operation it does not know", []any{
+			mutex.Event{Op: mutex.Op(200), Key: "k", Name: "pay", Wait: time.Second, Held: time.Second},
+			mutex.Event{Op: 0, Key: "k", Name: "pay"},
 		}, map[string]float64{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := metrics.New()
 			for _, e := range tc.events {
-				c.Observe(context.Background(), e)
+				switch e := e.(type) {
+				case mutex.Event:
+					c.Observe(context.Background(), e)
+				case asynqmutex.Event:
+					c.ObserveTask(context.Background(), e)
+				default:
+					t.Fatalf("event of type %T", e)
+				}
 			}
 			if d := diff(ours(scrape(t, c)), tc.want); d != "" {
 				t.Errorf("after %d events, /metrics differs:\n%s", len(tc.events), d)
@@ -321,7 +329,7 @@ func TestDefaultMaxTaskTypes(t *testing.T) {
 	t.Parallel()
 	c := metrics.New()
 	for i := range metrics.DefaultMaxTaskTypes + 5 {
-		c.Observe(context.Background(), mutex.Event{Op: mutex.OpBadInput, Name: "type-" + strconv.Itoa(i)})
+		c.ObserveTask(context.Background(), asynqmutex.Event{Op: asynqmutex.OpBadInput, TaskType: "type-" + strconv.Itoa(i)})
 	}
 	got := scrape(t, c)
 	n := 0
@@ -360,12 +368,12 @@ func TestTaskTypeLabel(t *testing.T) {
 	long := strings.Repeat("report:", 30) // 210 bytes
 	c := metrics.New()
 	for _, name := range []string{long, stored(long), "bad\xffutf8", "tab\tand\nnewline"} {
-		c.Observe(context.Background(), mutex.Event{Op: mutex.OpBadInput, Name: name})
+		c.ObserveTask(context.Background(), asynqmutex.Event{Op: asynqmutex.OpBadInput, TaskType: name})
 	}
 	// 100 bytes that are not UTF-8 become 300 bytes of U+FFFD: still at most 100 as a
 	// label, as the lock stores it.
 	invalid := strings.Repeat("\xff", 100)
-	c.Observe(context.Background(), mutex.Event{Op: mutex.OpBadInput, Name: invalid})
+	c.ObserveTask(context.Background(), asynqmutex.Event{Op: asynqmutex.OpBadInput, TaskType: invalid})
 	got := ours(scrape(t, c))
 	for line := range got {
 		if v, ok := strings.CutPrefix(line, `asynqmutex_task_bad_input_total{task_type="`); ok && strings.HasPrefix(v, "\uFFFD") {

@@ -5,15 +5,12 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
-
-	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // Op says what happened in an Event.
 type Op uint8
 
-// The operations an Event reports. The first group comes from the Client itself; the
-// second from packages built on it, through Client.Emit (the asynqmutex middleware).
+// The operations an Event reports.
 const (
 	// OpAcquired: the lock was taken. Wait is the time from the first attempt to the
 	// moment it was taken, 0 when the first attempt took it; Fence is the new fence;
@@ -50,14 +47,6 @@ const (
 	OpWakeupLost
 	// OpWakeupRecovered: the subscription is confirmed again after OpWakeupLost.
 	OpWakeupRecovered
-
-	// OpConflict: the asynqmutex middleware did not run a task because its key was
-	// busy. Policy says what became of the task: "skip", "fail", "retry" (sent back
-	// under RetryLater) or "archive" (no retry was left).
-	OpConflict
-	// OpBadInput: the asynqmutex middleware archived a task because no key could be
-	// derived from it (Err says why).
-	OpBadInput
 )
 
 var opNames = [...]string{
@@ -65,7 +54,6 @@ var opNames = [...]string{
 	OpReleased: "released", OpRenewFailed: "renew_failed", OpReleaseFailed: "release_failed",
 	OpLeaseLost:  "lease_lost",
 	OpWakeupLost: "wakeup_lost", OpWakeupRecovered: "wakeup_recovered",
-	OpConflict: "conflict", OpBadInput: "bad_input",
 }
 
 // String returns the operation's name in snake case, such as "lease_lost", for logs
@@ -92,15 +80,13 @@ type Event struct {
 	Name, ID  string
 	Fence     int64
 	Contended bool          // OpAcquired, OpNotObtained
-	Wait      time.Duration // OpAcquired, OpNotObtained, OpConflict
+	Wait      time.Duration // OpAcquired, OpNotObtained
 	Held      time.Duration // OpReleased, OpLeaseLost
-	Policy    string        // OpConflict
-	Err       error         // OpNotObtained, OpRenewFailed, OpReleaseFailed, OpLeaseLost, OpWakeupLost, OpConflict, OpBadInput
+	Err       error         // OpNotObtained, OpRenewFailed, OpReleaseFailed, OpLeaseLost, OpWakeupLost
 }
 
-// Observe makes the Client call fn for every Event of its locks, its waiters and, via
-// Emit, the packages built on it. fn runs synchronously on the goroutine where the
-// event happened, with the context of the call that caused it (context.Background
+// Observe makes the Client call fn for every Event of its locks and its waiters. fn
+// runs synchronously on the goroutine where the event happened, with the context of the call that caused it (context.Background
 // for the wake-up operations), so it must be quick, must not block, and must be safe
 // for concurrent use; it must not call the Client. Given more than once, every fn is
 // called, in order. By default nothing is called, and an unset observer costs
@@ -118,13 +104,9 @@ func Observe(fn func(ctx context.Context, e Event)) Option {
 	})
 }
 
-// Emit passes e to the Client's observers (see Observe), if any. It is for packages
-// built on the Client, such as the asynqmutex middleware, so that one observer hears
-// their events too. Name and ID are cleaned as HeldBy cleans them, so that events
-// from both name a task alike. Safe for concurrent use; a no-op without observers.
-func (c *Client) Emit(ctx context.Context, e Event) {
+// emit passes e to the Client's observers, if any.
+func (c *Client) emit(ctx context.Context, e Event) {
 	if c.observe != nil {
-		e.Name, e.ID = shortkey.Field(e.Name), shortkey.Field(e.ID)
 		c.observe(ctx, e)
 	}
 }

@@ -122,11 +122,6 @@ func TestEventsOfALock(t *testing.T) {
 		ev = r.take()
 		require.Equal(t, []Op{OpLeaseLost}, ops(ev), "reported once per lock")
 		assert.ErrorIs(t, ev[0].Err, ErrNotHeld)
-
-		// Emit reaches the observers; a Client without observers ignores it.
-		c.Emit(ctx, Event{Op: OpConflict, Name: "a\tb", Policy: "skip"})
-		assert.Equal(t, []Event{{Op: OpConflict, Name: "a b", Policy: "skip"}}, r.take(), "names cleaned as HeldBy cleans them")
-		New(b.rdb).Emit(ctx, Event{Op: OpConflict})
 	})
 }
 
@@ -256,6 +251,6 @@ func (s *syncBuffer) String() string {
 
 func TestOpString(t *testing.T) {
 	assert.Equal(t, "lease_lost", OpLeaseLost.String())
-	assert.Equal(t, "bad_input", OpBadInput.String())
+	assert.Equal(t, "wakeup_recovered", OpWakeupRecovered.String())
 	assert.Equal(t, "op(200)", Op(200).String())
 }

@@ -163,6 +163,14 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	return c
 }
 
+// Redis returns the Redis client the Client keeps its locks in, as given to New. The
+// asynqmutex middleware keeps its count of a task's conflicts there too.
+func (c *Client) Redis() redis.UniversalClient { return c.rdb }
+
+// Prefix returns the prefix of the Redis keys and channels the Client uses (see the
+// Prefix option).
+func (c *Client) Prefix() string { return c.prefix }
+
 // Close closes the subscription connection the Client's waiters share, at once
 // rather than 200ms after the last waiter left, so that the redis client can be closed
 // next without go-redis logging a broken connection. Waiters still waiting fall back
@@ -640,7 +648,7 @@ func (c *Client) attempted(ctx context.Context, a *acquisition, w *waiter, sent 
 func (c *Client) contended(ctx context.Context, a *acquisition) {
 	if !a.contended {
 		a.contended = true
-		c.Emit(ctx, Event{Op: OpContended, Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id})
+		c.emit(ctx, Event{Op: OpContended, Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id})
 	}
 }
 

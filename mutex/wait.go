@@ -308,7 +308,7 @@ func (h *hub) read(s *subscription) {
 			lost = true
 			h.c.log().LogAttrs(context.Background(), slog.LevelWarn, "mutex: subscription for hand-overs lost; waiters try again, and again once it is back",
 				slog.String("error", err.Error()))
-			h.c.Emit(context.Background(), Event{Op: OpWakeupLost, Err: err})
+			h.c.emit(context.Background(), Event{Op: OpWakeupLost, Err: err})
 		}
 	}
 	for {
@@ -377,7 +377,7 @@ func (h *hub) read(s *subscription) {
 				if lost {
 					lost = false
 					h.c.log().LogAttrs(context.Background(), slog.LevelInfo, "mutex: subscription for hand-overs is back")
-					h.c.Emit(context.Background(), Event{Op: OpWakeupRecovered})
+					h.c.emit(context.Background(), Event{Op: OpWakeupRecovered})
 				}
 			}
 		case *redis.Message:

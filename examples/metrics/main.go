@@ -103,7 +103,8 @@ func run(ctx context.Context, out io.Writer, linger time.Duration) error {
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
 		asynqmutex.On("tenant"),            // one report at a time per tenant
-		asynqmutex.MaxWait(5*time.Second))) // a busy tenant: wait for it
+		asynqmutex.MaxWait(5*time.Second),  // a busy tenant: wait for it
+		asynqmutex.Observe(m.ObserveTask))) // conflicts and bad input, by task type
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
 		time.Sleep(work) // build the report
 		done <- struct{}{}

@@ -1,0 +1,84 @@
+package asynqmutex
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+)
+
+// Op says what the middleware did with a task in an Event.
+type Op uint8
+
+// The operations an Event reports. What happens to the locks themselves (acquired,
+// contended, released, lost) is reported by package mutex (mutex.Observe).
+const (
+	// OpConflict: the middleware did not run a task because its key was busy. Policy
+	// says what became of the task: "skip", "fail", "retry" (sent back under
+	// RetryLater) or "archive" (no retry was left, or past a reschedule cap with none
+	// left). Err is the *LockedError; Wait how long the task tried.
+	OpConflict Op = iota + 1
+	// OpBadInput: the middleware archived a task because no key could be derived
+	// from it; Err says why.
+	OpBadInput
+)
+
+var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input"}
+
+// String returns the operation's name in snake case, such as "bad_input", for logs
+// and metric labels.
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return "op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Event is something the middleware did with a task instead of running its handler,
+// reported to the function given to Observe. Fields that do not apply to Op are
+// zero.
+type Event struct {
+	Op Op
+	// TaskType and TaskID name the task; TaskID is empty outside an asynq server. The
+	// task type is cleaned as mutex.HeldBy cleans it (shortened past 100 bytes, valid
+	// UTF-8, no tabs), so that it matches the Name of the task's lock events.
+	TaskType, TaskID string
+	// Key is the task's lock key, and Keys all of them when it has several (see
+	// OnEach); empty for OpBadInput. Keys can be long and unbounded in number: never
+	// use them as a metric label.
+	Key    string
+	Keys   []string
+	Policy string        // OpConflict
+	Wait   time.Duration // OpConflict
+	Err    error
+}
+
+// Observe makes the middleware call fn for every Event: each task it did not run
+// because its key was busy, or because no key could be derived. fn runs
+// synchronously on the worker goroutine, before the middleware returns, so it must
+// be quick and safe for concurrent use. Given more than once, every fn is called, in
+// order. By default nothing is called. Observe panics if fn is nil.
+//
+// The lock events of the same tasks (acquired, contended, released, lease lost) come
+// from the mutex.Client, through mutex.Observe; the metrics package takes both.
+func Observe(fn func(ctx context.Context, e Event)) Option {
+	if fn == nil {
+		panic("asynqmutex.Observe: nil function")
+	}
+	return optionFunc(func(c *config) {
+		if prev := c.observe; prev != nil {
+			c.observe = func(ctx context.Context, e Event) { prev(ctx, e); fn(ctx, e) }
+			return
+		}
+		c.observe = fn
+	})
+}
+
+// emit passes e to the observers, if any.
+func (c *config) emit(ctx context.Context, e Event) {
+	if c.observe != nil {
+		e.TaskType = shortkey.Field(e.TaskType)
+		c.observe(ctx, e)
+	}
+}

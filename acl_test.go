@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
@@ -82,7 +83,7 @@ func TestConflictCountedOnceAfterLostReply(t *testing.T) {
 	mw := cappedMiddleware(t, &redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
 	meta := taskMeta{id: "t-lost", queue: "default"}
 	// Loaded, so that the dropped reply is the script's, not a NOSCRIPT.
-	require.NoError(t, rescheduleScript.Load(ctx, mw.rdb).Err())
+	require.NoError(t, mw.store.Load(ctx, rescheduleScript))
 
 	p.DropReplies(1)
 	r, err := mw.record(ctx, meta, countConflict)
@@ -102,6 +103,6 @@ func cappedMiddleware(t *testing.T, opt *redis.Options) *middleware {
 	locks := mutex.New(rdb)
 	t.Cleanup(func() { locks.Close() })
 	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
-	mw.rdb, mw.prefix = locks.Redis(), locks.Prefix()
+	mw.store, mw.prefix = store.New(locks.Redis()), locks.Prefix()
 	return mw
 }

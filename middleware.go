@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/internal/keyset"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
@@ -315,7 +315,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	if m.capped() && (m.policy == Skip || m.policy == Fail) {
 		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
 	}
-	m.rdb, m.prefix = locks.Redis(), locks.Prefix()
+	m.store, m.prefix = store.New(locks.Redis()), locks.Prefix()
 	m.limitOpt = mutex.Limit(m.limit)
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
@@ -330,9 +330,9 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 type middleware struct {
 	locks *mutex.Client
 	config
-	rdb      redis.UniversalClient // the locks' Redis, where conflicts are counted
-	prefix   string                // the locks' key prefix
-	limitOpt mutex.LockOption      // mutex.Limit(limit)
+	store    *store.Runner    // the locks' Redis, where conflicts are counted
+	prefix   string           // the locks' key prefix
+	limitOpt mutex.LockOption // mutex.Limit(limit)
 }
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {

@@ -11,9 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // MaxReschedules caps how many times RetryLater sends one task back for a busy key:
@@ -62,7 +61,7 @@ func MaxRescheduleTime(d time.Duration) Option {
 var (
 	//go:embed reschedule.lua
 	rescheduleLua    string
-	rescheduleScript = redis.NewScript(rescheduleLua)
+	rescheduleScript = store.NewScript("reschedule", rescheduleLua)
 )
 
 // The modes of rescheduleScript.
@@ -128,7 +127,7 @@ func (m *middleware) record(ctx context.Context, meta taskMeta, mode string) (re
 	// A conflict's own id, so that a count go-redis sends again after a lost reply
 	// is not counted twice.
 	id := strconv.FormatUint(rand.Uint64(), 36)
-	res, err := rescheduleScript.Run(ctx, m.rdb, []string{m.recordKey(meta)}, expiry.Milliseconds(), mode, id).Int64Slice()
+	res, err := m.store.Run(ctx, rescheduleScript, []string{m.recordKey(meta)}, expiry.Milliseconds(), mode, id).Int64Slice()
 	if err != nil {
 		return record{}, err
 	}
@@ -159,7 +158,7 @@ func (c *config) capsReached(r record) string {
 func (m *middleware) clearRecord(ctx context.Context, meta taskMeta) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_ = m.rdb.Del(ctx, m.recordKey(meta)).Err()
+	_ = m.store.Del(ctx, m.recordKey(meta))
 }
 
 // countFailed logs that Redis could not count a conflict, which leaves the task

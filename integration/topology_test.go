@@ -62,7 +62,7 @@ func TestConnectionTypes(t *testing.T) {
 		opt := asynq.RedisClusterClientOpt{Addrs: addrs}
 		checkSerializedOn(t, opt)
 
-		// A lock and its wait queue share a hash slot, so lock.lua may touch both.
+		// A lock and its wait queue share a hash slot, so plain_lock.lua may touch both.
 		locks, rdb := newLocks(t, opt)
 		ctx := context.Background()
 		key := lockKey(t, "pay", "slot-check")

@@ -17,6 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // TestSetWaiterCancelledAsHandedOverPassesItOn: a set waiting on {a, b} keeps a and
@@ -104,7 +106,7 @@ func TestLostReleaseReplyOfSetWithWaitersIsNotALostLease(t *testing.T) {
 	b := realBackend(t)
 	_, p, via, c := throughProxy(t)
 	ctx := context.Background()
-	require.NoError(t, releaseScript.Load(ctx, via).Err())
+	require.NoError(t, store.New(via).Load(ctx, plainReleaseScript))
 	other := New(b.rdb)
 	t.Cleanup(func() { other.Close() })
 	k := uniqueKey(t)
@@ -164,7 +166,7 @@ func TestLostReleaseReplyOfSetWithWaitersIsNotALostLease(t *testing.T) {
 func TestTryLockKeysLostReplyRetriedFindsItsOwn(t *testing.T) {
 	rdb, p, via, c := throughProxy(t)
 	ctx := context.Background()
-	require.NoError(t, lockScript.Load(ctx, via).Err())
+	require.NoError(t, store.New(via).Load(ctx, plainLockScript))
 	k := uniqueKey(t)
 	keys := []string{k + ":b", k + ":a", k + ":c"}
 
@@ -238,16 +240,16 @@ func TestLimitReleaseSkipsWaiterNobodyHears(t *testing.T) {
 			m, err := b.admin.PubSubNumSub(ctx, d.hub.channel).Result()
 			return err == nil && m[d.hub.channel] == 0
 		}, 10*time.Second, 5*time.Millisecond, "the dead Client is still subscribed")
-		n, err := b.admin.LLen(ctx, rkey+semWaitSuffix).Result()
+		n, err := b.admin.LLen(ctx, rkey+slotsSuffix).Result()
 		require.NoError(t, err)
 		require.EqualValues(t, 2, n, "control: the dead waiter's entry is still queued, ahead of the live one")
-		// More dead waiters, in the form sem_lock.lua queues them, ahead of those: more
+		// More dead waiters, in the form slots_lock.lua queues them, ahead of those: more
 		// of them than any fixed bound on a release's work.
 		const dead = 40
 		for i := range dead {
 			tok := fmt.Sprintf("deadtok%02d", i)
 			entry := fmt.Sprintf("dead%d.1 3600000/2 %04d%s", i, len(tok), tok)
-			require.NoError(t, b.admin.LPush(ctx, rkey+semWaitSuffix, entry).Err())
+			require.NoError(t, b.admin.LPush(ctx, rkey+slotsSuffix, entry).Err())
 		}
 
 		require.NoError(t, h1.Unlock(ctx))

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // unreachable is a client for an address where nothing listens.
@@ -50,7 +51,7 @@ var _ redis.Hook = (*loseReply)(nil)
 
 func isLockScript(cmd redis.Cmder) bool {
 	args := cmd.Args()
-	return len(args) > 1 && (args[1] == lockScript.Hash() || args[1] == commonLua+"\n"+lockLua)
+	return len(args) > 1 && (args[1] == plainLockScript.Hash() || args[1] == plainLockScript.Source())
 }
 
 func TestLostReplyDoesNotLeak(t *testing.T) {
@@ -73,7 +74,7 @@ func TestLostReplyDoesNotLeak(t *testing.T) {
 		hook.n.Store(1)
 		a, err := c.newAcquisition(key, time.Hour, nil)
 		require.NoError(t, err)
-		_, err = lockScript.Run(ctx, b.rdb, a.keys,
+		_, err = store.New(b.rdb).Run(ctx, plainLockScript, a.keys,
 			a.id, a.ttl.Milliseconds(), "", "0", a.desc).Result()
 		require.Error(t, err)
 		locked, lerr = c.Locked(ctx, key)

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // Holder is who holds, or waits for, a lock: what it recorded when it asked for it.
@@ -54,7 +52,7 @@ type Info struct {
 	Key      string
 	Digested bool
 	// RedisKey is the Redis key of the lock; its queue of waiters is RedisKey + ":wait"
-	// (RedisKey + ":slots" for a lock with Limit(n)).
+	// (RedisKey + ":slots" for a lock with Limit(n); see docs/protocol.md).
 	RedisKey string
 	// Held reports whether anyone holds the lock. The fields below it describe the
 	// holder. When the lock is not held, Fence and Since are those of the last holder
@@ -84,79 +82,14 @@ type Info struct {
 	Slots []Slot
 }
 
-// lockValue is a lock key's value read as common.lua documents it.
-type lockValue struct {
-	fence  int64
-	state  byte // 'h', 'w' or 'r'
-	since  int64
-	id     string // identity: token length and token
-	holder Holder
-	prev   string
-}
-
-const (
-	fenceEnd = 16               // bytes 1-16: the fence
-	stateAt  = fenceEnd         // byte 17: the state, at index 16
-	sinceEnd = stateAt + 1 + 16 // bytes 18-33: since, in microseconds
-	idAt     = sinceEnd         // bytes 34-: identity, at index 33
-)
-
-// parseValue reads a lock value; ok is false for a value of another form.
-func parseValue(v string) (lv lockValue, ok bool) {
-	if len(v) < idAt+idLenDigits {
-		return lv, false
-	}
-	var err1, err2 error
-	lv.fence, err1 = strconv.ParseInt(v[:fenceEnd], 10, 64)
-	lv.state = v[stateAt]
-	lv.since, err2 = strconv.ParseInt(v[stateAt+1:sinceEnd], 10, 64)
-	id, rest, ok := cutCounted(v[idAt:])
-	if err1 != nil || err2 != nil || !ok || !strings.ContainsRune("hwr", rune(lv.state)) {
-		return lockValue{}, false
-	}
-	lv.id = v[idAt : idAt+idLenDigits+len(id)]
-	desc, prev, ok := cutCounted(rest)
-	if !ok {
-		return lockValue{}, false
-	}
-	lv.holder, lv.prev = parseDescription(desc), prev
-	return lv, true
-}
-
-// cutCounted splits s after a text preceded by its length in idLenDigits digits.
-func cutCounted(s string) (text, rest string, ok bool) {
-	if len(s) < idLenDigits {
-		return "", "", false
-	}
-	n, err := strconv.Atoi(s[:idLenDigits])
-	if err != nil || n < 0 || len(s) < idLenDigits+n {
-		return "", "", false
-	}
-	return s[idLenDigits : idLenDigits+n], s[idLenDigits+n:], true
-}
-
-// parseDescription reads what describe wrote; anything else (a value of an older
-// format, whose tail may be a token) describes nobody.
-func parseDescription(d string) Holder {
-	f := strings.SplitN(d, "\t", 4)
-	if len(f) < 4 {
-		return Holder{}
-	}
-	pid, _ := strconv.Atoi(f[1])
-	return Holder{Host: f[0], PID: pid, Name: f[2], ID: f[3]}
-}
-
-// parseEntry reads a queue entry as lock.lua writes it: "<client>.<waiter> <lease ms>
-// <identity><description>" (the lease "<ms>/<limit>" for Limit(n), sem_lock.lua).
-func parseEntry(e string) Holder {
-	_, rest, _ := strings.Cut(e, " ")
-	_, rest, _ = strings.Cut(rest, " ")
-	_, rest, ok := cutCounted(rest)
-	if !ok {
-		return Holder{}
-	}
-	desc, _, _ := cutCounted(rest)
-	return parseDescription(desc)
+// Slot is one holder of a lock with Limit(n), as Inspect and List read it.
+type Slot struct {
+	Holder Holder // what the holder recorded about itself (see HeldBy)
+	Fence  int64  // the fence of its acquisition
+	// Since is when the holder got its slot, on the Redis server's clock; TTL is its
+	// lease left.
+	Since time.Time
+	TTL   time.Duration
 }
 
 // maxListedWaiters is how many waiters Inspect returns.
@@ -166,40 +99,64 @@ const maxListedWaiters = 100
 // key nobody holds gives an Info with Held false (and no error). It returns a wrapped
 // Redis error when Redis cannot be reached. Safe for concurrent use.
 func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
+	return c.inspect(ctx, key, maxListedWaiters)
+}
+
+// Locked reports whether anyone holds the lock on key. The answer may be stale by the
+// time it returns; use it for monitoring, not to decide whether to lock.
+func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
+	in, err := c.inspect(ctx, key, 0)
+	return in.Held, err
+}
+
+// inspect is Inspect listing up to n waiters.
+func (c *Client) inspect(ctx context.Context, key string, n int) (Info, error) {
 	if key == "" {
 		return Info{}, errors.New("mutex: empty key")
 	}
 	rkey := c.redisKey(key)
-	res, err := inspectScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix}, maxListedWaiters).Slice()
-	if isWrongType(err) {
-		return c.semInspect(ctx, key) // held with Limit(n): semaphore.go
-	}
+	res, err := c.run.Run(ctx, inspectScript, c.inspectKeys(rkey), n).Slice()
 	if err != nil {
-		return Info{}, fmt.Errorf("mutex: inspect %s: %w", shortkey.Quote(key), err)
+		return Info{}, fmt.Errorf("mutex: inspect %s: %w", show(key), err)
 	}
 	return c.info(rkey, res)
 }
 
+// inspectKeys are the keys inspect.lua reads of the lock at Redis key rkey.
+func (c *Client) inspectKeys(rkey string) []string {
+	return []string{rkey, c.plain.queue(rkey), c.slots.queue(rkey)}
+}
+
 // info reads inspect.lua's reply about the lock at Redis key rkey.
 func (c *Client) info(rkey string, res []any) (Info, error) {
-	if len(res) < 5 {
-		return Info{}, fmt.Errorf("mutex: inspect %s: unexpected reply %v", shortkey.Quote(rkey), res)
+	if len(res) < 6 {
+		return Info{}, fmt.Errorf("mutex: inspect %s: unexpected reply %v", show(rkey), res)
 	}
 	in := Info{RedisKey: rkey}
-	in.Key, in.Digested = c.keyOf(rkey)
-	v, _ := res[0].(string)
-	pttl, _ := res[1].(int64)
-	waiting, _ := res[2].(int64)
+	in.Key, in.Digested = keyOf(c.prefix, rkey)
+	typ, _ := res[0].(string)
+	pttl, _ := res[2].(int64)
+	waiting, _ := res[3].(int64)
 	in.Waiting = int(waiting)
-	entries, _ := res[3].([]any)
+	entries, _ := res[4].([]any)
 	for _, e := range entries {
 		s, _ := e.(string)
 		in.Waiters = append(in.Waiters, parseEntry(s))
 	}
-	now := serverTime(res[4])
-	if v == "" {
+	now := serverTime(res[5])
+	switch typ {
+	case "none":
+		return in, nil
+	case "hash":
+		fields, _ := res[1].([]any)
+		slotsInfo(&in, fields, now)
+		return in, nil
+	case "string":
+	default:
+		in.Held, in.Foreign, in.TTL = true, true, -1
 		return in, nil
 	}
+	v, _ := res[1].(string)
 	in.TTL = time.Duration(pttl) * time.Millisecond
 	if pttl < 0 {
 		in.TTL = -1
@@ -209,7 +166,7 @@ func (c *Client) info(rkey string, res []any) (Info, error) {
 		in.Held, in.Foreign = true, true
 		return in, nil
 	}
-	in.Held = lv.state != 'r'
+	in.Held = lv.state != stateReleased
 	in.Fence, in.Holder, in.Since = lv.fence, lv.holder, time.UnixMicro(lv.since)
 	if !now.IsZero() {
 		in.HeldFor = max(now.Sub(in.Since), 0)
@@ -218,6 +175,41 @@ func (c *Client) info(rkey string, res []any) (Info, error) {
 		in.TTL = 0 // the tombstone's own expiry is no lease
 	}
 	return in, nil
+}
+
+// slotsInfo fills in from the fields of a lock with Limit(n), read at server time
+// now. The holders are listed in Slots, oldest fence first; Holder, Fence, Since and
+// HeldFor describe the newest holder, and TTL is the longest lease left: when the key
+// frees unless renewed.
+func slotsInfo(in *Info, fields []any, now time.Time) {
+	for i := 0; i+1 < len(fields); i += 2 {
+		f, _ := fields[i].(string)
+		v, _ := fields[i+1].(string)
+		switch {
+		case f == slotsLimit:
+			in.Limit, _ = strconv.Atoi(v)
+		case strings.HasPrefix(f, slotHolder):
+			s, ok := parseSlot(v)
+			if !ok || (!now.IsZero() && !s.end.After(now)) {
+				continue // its lease has ended
+			}
+			s.TTL = s.end.Sub(now)
+			in.Slots = append(in.Slots, s.Slot)
+		}
+	}
+	sort.Slice(in.Slots, func(i, j int) bool { return in.Slots[i].Fence < in.Slots[j].Fence })
+	if len(in.Slots) == 0 {
+		return
+	}
+	in.Held = true
+	newest := in.Slots[len(in.Slots)-1]
+	in.Holder, in.Fence, in.Since = newest.Holder, newest.Fence, newest.Since
+	if !now.IsZero() {
+		in.HeldFor = max(now.Sub(in.Since), 0)
+	}
+	for _, s := range in.Slots {
+		in.TTL = max(in.TTL, s.TTL)
+	}
 }
 
 // serverTime reads the reply of Redis's TIME, or returns the zero time.
@@ -234,21 +226,8 @@ func serverTime(reply any) time.Time {
 	return time.Unix(sec, usec*1000)
 }
 
-// keyOf decodes the caller's key from a Redis key of this Client (see encodeKey).
-func (c *Client) keyOf(rkey string) (key string, digested bool) {
-	enc := strings.TrimSuffix(strings.TrimPrefix(rkey, c.prefix+"{"), "}")
-	if i := strings.IndexByte(enc, '#'); i >= 0 {
-		enc, digested = enc[:i], true
-	}
-	return keyUnescaper.Replace(enc), digested
-}
-
-// keyUnescaper undoes keyEscapes in one pass from left to right, so that an escaped
-// '%' is never read as the start of another escape.
-var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23", "#")
-
 // List yields every lock key of the Client's prefix that is held, in no particular
-// order, reading them SCAN batch by batch with one pipelined script call per batch
+// order, reading them SCAN batch by batch with one pipelined script call per key
 // (with a Cluster client, every master is scanned in turn; a single-node client
 // pointed at one Cluster node sees that node's keys only). Waiters holds no entries;
 // Waiting counts them. A lock taken or released while List runs may or may not be
@@ -256,31 +235,27 @@ var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23"
 // for concurrent use.
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 	return func(yield func(Info, error) bool) {
-		scan := func(ctx context.Context, rdb redis.UniversalClient) error {
-			if err := c.scan(ctx, rdb, "string", waitSuffix, inspectScript, c.info, yield); err != nil {
-				return err
-			}
-			return c.scan(ctx, rdb, "hash", semWaitSuffix, semInspectScript, c.semInfo, yield) // keys held with Limit(n): semaphore.go
-		}
-		nodes := []redis.UniversalClient{c.rdb}
-		var err error
-		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-			// ForEachMaster runs its function on every master at once; yield must not
-			// be called concurrently, so collect the masters and scan them in turn.
-			var mu sync.Mutex
-			nodes = nodes[:0]
-			err = cc.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
-				mu.Lock()
-				nodes = append(nodes, node)
-				mu.Unlock()
-				return nil
+		var stop error
+		err := c.run.Scan(ctx, escapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0},
+			func(rkey string, cmd *redis.Cmd) bool {
+				res, err := cmd.Slice()
+				if err != nil {
+					stop = fmt.Errorf("%s: %w", show(rkey), err)
+					return false
+				}
+				in, err := c.info(rkey, res)
+				if err != nil {
+					stop = err
+					return false
+				}
+				if in.Held && !yield(in, nil) {
+					stop = errStopList
+					return false
+				}
+				return true
 			})
-		}
-		for _, node := range nodes {
-			if err != nil {
-				break
-			}
-			err = scan(ctx, node)
+		if err == nil {
+			err = stop
 		}
 		if err != nil && !errors.Is(err, errStopList) {
 			yield(Info{}, fmt.Errorf("mutex: list: %w", err))
@@ -289,51 +264,6 @@ func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 }
 
 var errStopList = errors.New("mutex: list stopped")
-
-// scan is List's scan of the keys of Redis type typ (a plain lock's string, or the
-// hash of a lock with Limit(n)) on one node: script reads each of them with its queue
-// (the key + wait), and info makes its Info.
-func (c *Client) scan(ctx context.Context, rdb redis.UniversalClient, typ, wait string, script *redis.Script,
-	info func(rkey string, res []any) (Info, error), yield func(Info, error) bool) error {
-	match := escapeGlob(c.prefix) + "{*}"
-	var cursor uint64
-	for {
-		keys, next, err := rdb.ScanType(ctx, cursor, match, 200, typ).Result()
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			pipe := rdb.Pipeline()
-			cmds := make([]*redis.Cmd, len(keys))
-			for i, k := range keys {
-				cmds[i] = script.EvalSha(ctx, pipe, []string{k, k + wait}, 0)
-			}
-			_, _ = pipe.Exec(ctx)
-			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
-				if err := script.Load(ctx, rdb).Err(); err != nil {
-					return err
-				}
-				continue // the same cursor again, now that the script is loaded
-			}
-			for i, cmd := range cmds {
-				res, err := cmd.Slice()
-				if err != nil {
-					return fmt.Errorf("%s: %w", shortkey.Quote(keys[i]), err)
-				}
-				in, err := info(keys[i], res)
-				if err != nil {
-					return err
-				}
-				if in.Held && !yield(in, nil) {
-					return errStopList
-				}
-			}
-		}
-		if cursor = next; cursor == 0 {
-			return nil
-		}
-	}
-}
 
 // escapeGlob escapes the characters SCAN's MATCH gives meaning to.
 func escapeGlob(s string) string {
@@ -383,33 +313,58 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error)
 	if key == "" {
 		return Released{}, errors.New("mutex: empty key")
 	}
-	return c.forceRelease(ctx, key, true)
+	rkey := c.redisKey(key)
+	// Twice at most: a key held with Limit(n) whose every lease ended is made a
+	// plain lock's tombstone, and then found free.
+	for range 2 {
+		res, err := c.run.Run(ctx, plainForceScript, []string{rkey, c.plain.queue(rkey)},
+			identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
+		if err == nil && len(res) != 7 {
+			err = fmt.Errorf("unexpected reply %v", res)
+		}
+		if err != nil {
+			return Released{}, fmt.Errorf("mutex: force release %s: %w", show(key), err)
+		}
+		if res[6] == int64(2) {
+			if err := c.forceSlots(ctx, key, rkey); err != nil {
+				return Released{}, err
+			}
+			continue
+		}
+		var r Released
+		r.Repeated = res[6] == int64(1)
+		// The reply starts as inspect.lua's does for a plain lock, without its type.
+		typ := "none"
+		if _, ok := res[0].(string); ok {
+			typ = "string"
+		}
+		if r.Before, err = c.info(rkey, append([]any{typ}, res[:5]...)); err != nil {
+			return Released{}, err
+		}
+		if after, ok := res[5].(string); ok {
+			if lv, ok := parseValue(after); ok {
+				r.Fence, r.HandedTo = lv.fence, lv.holder
+			}
+		}
+		return r, nil
+	}
+	return Released{}, fmt.Errorf("mutex: force release %s: the key was taken with Limit(n) again as it freed; try again", show(key))
 }
 
-// forceRelease is ForceRelease; sem says whether a key held with Limit(n) is to be
-// looked at (once: semForceRelease calls it again without).
-func (c *Client) forceRelease(ctx context.Context, key string, sem bool) (Released, error) {
-	rkey := c.redisKey(key)
-	res, err := forceScript.Run(ctx, c.rdb, []string{rkey, rkey + waitSuffix},
-		identity("force:"+newToken()), c.channels, c.countsSubscribers, tombstoneMillis).Slice()
-	if isWrongType(err) && sem {
-		return c.semForceRelease(ctx, key) // held with Limit(n): semaphore.go
+// forceSlots is what ForceRelease does with a key held with Limit(n): holders whose
+// leases ended hold nothing, and when none is left the key becomes a plain lock's
+// tombstone (nil: ForceRelease then finds it free); otherwise it refuses.
+func (c *Client) forceSlots(ctx context.Context, key, rkey string) error {
+	res, err := c.slots.free(ctx, rkey)
+	switch {
+	case err != nil:
+		return fmt.Errorf("mutex: force release %s: %w", show(key), err)
+	case res[0] == 0:
+		return nil
+	case res[0] < 0:
+		return fmt.Errorf("mutex: force release %s: the Redis key %s holds a value of another type, not written by this package; delete it by hand",
+			show(key), show(rkey))
 	}
-	if err == nil && len(res) != 7 {
-		err = fmt.Errorf("unexpected reply %v", res)
-	}
-	if err != nil {
-		return Released{}, fmt.Errorf("mutex: force release %s: %w", shortkey.Quote(key), err)
-	}
-	var r Released
-	r.Repeated = res[6] == int64(1)
-	if r.Before, err = c.info(rkey, res); err != nil {
-		return Released{}, err
-	}
-	if after, ok := res[5].(string); ok {
-		if lv, ok := parseValue(after); ok {
-			r.Fence, r.HandedTo = lv.fence, lv.holder
-		}
-	}
-	return r, nil
+	return fmt.Errorf("mutex: force release %s: the key is held with Limit(%d) by %d holders; ForceRelease frees plain locks only: wait for their leases to end, or delete the Redis key %s by hand",
+		show(key), res[1], res[0], show(rkey))
 }

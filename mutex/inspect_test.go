@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 func TestInspectRecordsHolderAndWaiters(t *testing.T) {
@@ -258,13 +259,13 @@ func TestKeysDecodeExactly(t *testing.T) {
 	c := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
 	for range 50 { // an order-dependent decoding fails some of the time
 		for _, key := range []string{"a%7Bb", "%2523", "{x}#%", "%%7D{%23}", "plain"} {
-			got, digested := c.keyOf(c.redisKey(key))
+			got, digested := keyOf(c.prefix, c.redisKey(key))
 			require.Equal(t, key, got)
 			require.False(t, digested)
 		}
 	}
 	long := strings.Repeat("%7B", 200)
-	got, digested := c.keyOf(c.redisKey(long))
+	got, digested := keyOf(c.prefix, c.redisKey(long))
 	assert.True(t, digested)
 	assert.True(t, strings.HasPrefix(long, got), "the readable head of %q", got)
 }
@@ -321,7 +322,7 @@ func TestReleaseDropsMalformedQueueEntries(t *testing.T) {
 		l, err := c.TryLock(ctx, key, time.Minute)
 		require.NoError(t, err)
 		q := c.redisKey(key) + waitSuffix
-		// Entries no lock.lua writes: no lease, a zero, a negative and a word.
+		// Entries no plain_lock.lua writes: no lease, a zero, a negative and a word.
 		for _, e := range []string{"x", "c.1 0 0003abc0000", "c.2 -5 0003abc0000", "c.3 soon 0003abc0000", "nodot 100 0003abc0000"} {
 			require.NoError(t, b.admin.RPush(ctx, q, e).Err())
 		}
@@ -363,7 +364,7 @@ func TestForceReleaseRetriedAfterLostReply(t *testing.T) {
 	ctx := context.Background()
 	// Loaded, so that the dropped reply is the script's, not a NOSCRIPT that makes
 	// go-redis send EVAL (then the script runs once, and nothing is repeated).
-	require.NoError(t, forceScript.Load(ctx, rdb).Err())
+	require.NoError(t, store.New(rdb).Load(ctx, plainForceScript))
 	for _, waiting := range []bool{false, true} {
 		key := uniqueKey(t)
 		old, err := direct.TryLock(ctx, key, time.Minute)

@@ -278,7 +278,7 @@ func waitForWaiters(t *testing.T, b backend, c *Client, key string, n int) {
 		ready := subs[c.hub.channel] > 0
 		plain, err := b.admin.LLen(context.Background(), rkey+waitSuffix).Result()
 		require.NoError(t, err)
-		slots, err := b.admin.LLen(context.Background(), rkey+semWaitSuffix).Result()
+		slots, err := b.admin.LLen(context.Background(), rkey+slotsSuffix).Result()
 		require.NoError(t, err)
 		if ready && plain+slots == int64(n) {
 			return

@@ -1,50 +1,49 @@
 package mutex
 
 import (
-	_ "embed"
+	"embed"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // Every Redis step is one Lua script, so that compare-and-act is atomic and costs one
-// round trip. redis.Script sends EVALSHA and falls back to EVAL on NOSCRIPT, which
-// also loads the script for the next call. Each file documents its KEYS and ARGV;
-// common.lua, the lock value's format and the fence rule, starts every script;
-// handover.lua, how a release passes the lock on, follows it in the two that release.
+// round trip; every script goes through the Client's rdb.Runner. The scripts live in
+// lua/, one file per step, named by the kind of lock it is for (plain_, slots_), each
+// headed by what its KEYS and ARGV mean. Each starts with luaLayout (layout.go) and
+// common.lua, then what its kind shares (plain.lua, slots.lua).
 var (
-	//go:embed common.lua
-	commonLua string
+	//go:embed lua/*.lua
+	luaFiles embed.FS
 
-	//go:embed handover.lua
-	handoverLua string
+	plainLockScript    = script("plain_lock", "plain")
+	plainReleaseScript = script("plain_release", "plain")
+	plainExtendScript  = script("plain_extend")
+	plainPTTLScript    = script("plain_pttl")
+	plainForceScript   = script("plain_force", "plain")
 
-	//go:embed lock.lua
-	lockLua    string
-	lockScript = newScript(lockLua)
+	slotsLockScript    = script("slots_lock", "slots")
+	slotsReleaseScript = script("slots_release", "slots")
+	slotsExtendScript  = script("slots_extend")
+	slotsPTTLScript    = script("slots_pttl")
+	slotsFreeScript    = script("slots_free", "slots")
 
-	//go:embed release.lua
-	releaseLua    string
-	releaseScript = newScript(handoverLua + "\n" + releaseLua)
-
-	//go:embed extend.lua
-	extendLua    string
-	extendScript = newScript(extendLua)
-
-	//go:embed pttl.lua
-	pttlLua    string
-	pttlScript = newScript(pttlLua)
-
-	//go:embed force.lua
-	forceLua    string
-	forceScript = newScript(handoverLua + "\n" + forceLua)
-
-	//go:embed inspect.lua
-	inspectLua    string
-	inspectScript = newScript(inspectLua)
-
-	//go:embed locked.lua
-	lockedLua    string
-	lockedScript = newScript(lockedLua)
+	inspectScript = script("inspect")
 )
 
-func newScript(body string) *redis.Script { return redis.NewScript(commonLua + "\n" + body) }
+// script is the script of lua/<name>.lua, after the layout, common.lua and the files
+// of shared, in order.
+func script(name string, shared ...string) *store.Script {
+	src := luaLayout + "\n" + lua("common")
+	for _, s := range shared {
+		src += "\n" + lua(s)
+	}
+	return store.NewScript(name, src+"\n"+lua(name))
+}
+
+func lua(name string) string {
+	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic("mutex: missing script " + name + ": " + err.Error())
+	}
+	return string(b)
+}

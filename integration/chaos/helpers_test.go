@@ -1007,7 +1007,7 @@ func NewRig(t testing.TB) *Rig {
 // The keys this battery uses need no escaping.
 func RedisLockKey(key string) string { return mutex.DefaultPrefix + "{" + key + "}" }
 
-// HolderOf reads a lock key's value as mutex/common.lua documents it (16 digits of
+// HolderOf reads a lock key's value as mutex/layout.go documents it (16 digits of
 // fence, a state byte, 16 digits of the time it was taken, then the holder's token
 // length in 4 digits and the token) and returns the holder's token. held is false
 // only for a released lock's tombstone (state "r"); a value of another form counts
@@ -1025,7 +1025,7 @@ func HolderOf(v string) (token string, held bool) {
 }
 
 // HeldValue is a lock value held with fence f by token, with no description, as
-// mutex/common.lua documents it.
+// mutex/layout.go documents it.
 func HeldValue(f int64, token string) string {
 	return fmt.Sprintf("%016dh%016d%04d%s0000", f, f, len(token), token)
 }

@@ -967,7 +967,7 @@ func TestNetworkFaultsControls(t *testing.T) {
 
 // TestNetworkFaultsLostReleaseReply is a finding (it fails until the library changes):
 // when the reply to a release is lost after Redis applied it, go-redis retries the
-// release on a new connection, release.lua finds the key gone and returns 0, and the
+// release on a new connection, plain_release.lua finds the key gone and returns 0, and the
 // library reports ErrNotHeld: Unlock says the lease had expired, and WithLock says
 // "lease ... ended before the release", which the middleware turns into a failed task
 // ("another worker may have run concurrently") that asynq runs again, although the

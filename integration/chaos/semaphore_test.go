@@ -150,7 +150,7 @@ func semMode(ctx context.Context, p *Proc, limit int, rawRelease bool) error {
 }
 
 // semSampleScript reads, atomically, the slots of a Limit(n) lock whose lease is
-// running (its fields "h…" hold "<lease end ms> …", see mutex/semaphore.lua) and the
+// running (its fields "h…" hold "<lease end ms> …", see mutex/layout.go) and the
 // length of its queue.
 var semSampleScript = redis.NewScript(`
 local t = redis.call('TIME')

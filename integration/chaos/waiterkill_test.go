@@ -65,7 +65,7 @@ func testWaiterKilled(t *testing.T, killedFirst bool) {
 	var delays []time.Duration
 	for r := range rounds {
 		key := fmt.Sprintf("waiterkill:%02d", r)
-		queue := RedisLockKey(key) + ":wait" // the wait queue lock.lua documents
+		queue := RedisLockKey(key) + ":wait" // the wait queue plain_lock.lua documents
 		queued := func(n int64) {
 			t.Helper()
 			for i := 0; i < 500; i++ {
@@ -124,7 +124,7 @@ func testWaiterKilled(t *testing.T, killedFirst bool) {
 		delays = append(delays, d)
 		t.Logf("round %d: the live waiter got the key %s after the release", r, Ms(d))
 		if d > 100*time.Millisecond {
-			t.Errorf("round %d: the live waiter got the key %v after the release, want <= 100ms: the release's wake-up went to the killed waiter (release.lua publishes to one waiter even when nobody receives it)", r, d)
+			t.Errorf("round %d: the live waiter got the key %v after the release, want <= 100ms: the release's wake-up went to the killed waiter (plain_release.lua publishes to one waiter even when nobody receives it)", r, d)
 		}
 	}
 	t.Logf("live waiter got the key after the release: %s (holder's lease %v)", Dist(delays), ttl)
@@ -136,7 +136,7 @@ func testWaiterKilled(t *testing.T, killedFirst bool) {
 // one that queued first.
 //
 // Finding (see README.md): the wait queue is ordered by claim deadline, now +
-// 1.25*pttl + 1s (lock.lua), and pttl shrinks as the lease runs down, so a later
+// 1.25*pttl + 1s (plain_lock.lua), and pttl shrinks as the lease runs down, so a later
 // waiter has an earlier deadline and is woken first.
 func TestWakeOrder(t *testing.T) {
 	const ttl = 4 * time.Second
@@ -177,7 +177,7 @@ func TestWakeOrder(t *testing.T) {
 		t.Fatalf("waiter %d: %v", firstRes.who, firstRes.err)
 	}
 	if firstRes.who != 1 {
-		t.Errorf("after the release waiter %d got the key first, want waiter 1, which queued 50ms earlier (wait.go: \"a release wakes the longest-queued waiter\")", firstRes.who)
+		t.Errorf("after the release waiter %d got the key first, want waiter 1, which queued 50ms earlier (mutex/acquire.go: \"a release wakes the longest-queued waiter\")", firstRes.who)
 	}
 	_ = firstRes.l.Unlock(ctx)
 	secondRes := <-got // woken by that release

@@ -118,7 +118,7 @@ func (h *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // AttemptCounter is a go-redis hook on a mutex.Client's connection pool that counts
 // lock attempts, and those that found the key held. It recognises a lock attempt by
-// its reply: lock.lua is the only script of package mutex that returns a pair
+// its reply: plain_lock.lua is the only script of package mutex that returns a pair
 // {fence, 0} or {0, pttl}.
 type AttemptCounter struct{ Attempts, Failed atomic.Int64 }
 

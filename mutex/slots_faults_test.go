@@ -246,7 +246,7 @@ func TestLostQueueReplyLeavesNoPhantomHolder(t *testing.T) {
 		}
 		got <- l
 	}()
-	q := c.redisKey(key) + semWaitSuffix
+	q := c.redisKey(key) + slotsSuffix
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) && rdb.LLen(ctx, q).Val() < 1 {
 		time.Sleep(time.Millisecond)

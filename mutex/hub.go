@@ -4,158 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
-
-// Lock takes the lock on key for ttl, waiting while another holder has it: until the
-// lock is obtained, ctx is done, or the MaxWait option's bound elapses. It returns
-// ErrNotObtained when the wait ended without the lock (joined with ctx.Err() when ctx
-// ended it) and a wrapped Redis error when Redis cannot be reached (after trying to
-// release anything the failed attempt may have taken).
-//
-// A waiter does not poll. A failed attempt queues it in Redis, in the same script, and
-// a release hands the lock to the longest-queued waiter of any Client, in the release
-// script itself, and tells that waiter's Client on its subscription connection: one
-// release, one waiter, no race with newcomers, one round trip from release to
-// holding. Waiters are served in the order they first queued and keep their place
-// while they wait.
-//
-// A waiter that gives up (ctx done, MaxWait, a Redis error) leaves the queue and, if
-// the lock was handed to it meanwhile, passes it on at once. A release skips waiters
-// whose Client no longer listens (it died, or is reconnecting and will try again when
-// it listens again). A waiter that cannot hear it is handed the lock anyway when Redis
-// still counts its connection (its network vanished without a reset) or cannot count
-// (Redis Cluster, where PUBLISH counts one node's subscribers): the lock then frees when
-// the lease it was handed ends. That lease is ttl for Lock, and 250ms for WithLock,
-// whose first renewal lengthens it to ttl. When nothing comes (the holder
-// crashed), a waiter tries again when the holder's remaining lease runs out, plus a
-// little random jitter. A subscription connection that stops answering is noticed
-// within 3s (see Client), after which every waiter of the Client tries again.
-//
-// ttl is rounded down to whole milliseconds and must lie between MinTTL and MaxTTL;
-// key must not be empty.
-func (c *Client) Lock(ctx context.Context, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
-	a, err := c.newAcquisition(key, ttl, opts)
-	if err != nil {
-		return nil, err
-	}
-	return c.acquire(ctx, a)
-}
-
-// acquire takes the lock for a, waiting as a.maxWait says, and reports the outcome to
-// the Client's observers.
-func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
-	l, err := c.obtain(ctx, a)
-	if a.given != nil && l == nil && errors.Is(err, ErrNotObtained) && a.contended {
-		for i, j := range a.order {
-			if j == a.busy {
-				err = &busyError{key: a.given[i], err: err}
-			}
-		}
-	}
-	if c.observe != nil {
-		e := Event{Key: a.key, Keys: a.given, Name: a.by.name, ID: a.by.id, Contended: a.contended, Err: err}
-		switch {
-		case l == nil:
-			e.Op, e.Wait = OpNotObtained, time.Since(a.start)
-		case a.contended:
-			e.Op, e.Fence, e.Wait = OpAcquired, l.fence, l.taken.Sub(a.start)
-		default:
-			e.Op, e.Fence = OpAcquired, l.fence
-		}
-		c.observe(ctx, e)
-	}
-	return l, err
-}
-
-func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
-	if a.maxWait == 0 {
-		l, _, err := c.attempt(ctx, a, nil)
-		if err == nil && l == nil {
-			err = ErrNotObtained
-		}
-		return l, err
-	}
-	start := time.Now()
-	// Join before the first attempt: a release may hand us the lock as soon as that
-	// attempt has queued us, before it even returns.
-	w := c.hub.join(a)
-	acquired := false
-	defer func() { c.hub.leave(ctx, w, acquired) }()
-
-	l, pttl, err := c.attempt(ctx, a, w)
-	if l != nil || err != nil {
-		acquired = l != nil
-		return l, err
-	}
-	// A hand-over published before the subscription is confirmed reaches nobody, and
-	// the release passes us over: every waiter tries again on confirmation.
-	c.hub.ensure()
-	var deadline <-chan time.Time
-	if a.maxWait > 0 {
-		t := time.NewTimer(a.maxWait - time.Since(start))
-		defer t.Stop()
-		deadline = t.C
-	}
-	timer := time.NewTimer(a.retryAfter(pttl))
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, errors.Join(ErrNotObtained, ctx.Err())
-		case <-deadline:
-			return nil, ErrNotObtained
-		case f := <-w.grant:
-			if a.given != nil {
-				// One of several locks: the attempt below takes the rest, or waits
-				// for the next busy one, keeping this one.
-				break
-			}
-			// The release that handed us the lock ran after our last attempt was sent,
-			// so the lease counts from no earlier than that.
-			lease := a.handOverLease()
-			if l := a.lock([]int64{f}, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
-				l.taken = time.Now() // its wait ended now, not when its attempt was sent
-				acquired = true
-				return l, nil
-			}
-			// Most of that lease may have passed: the attempt below renews it.
-		case <-w.wake:
-		case <-timer.C:
-		}
-		l, pttl, err = c.attempt(ctx, a, w)
-		if l != nil {
-			acquired = true
-			return l, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		timer.Reset(a.retryAfter(pttl))
-	}
-}
-
-// retryAfter is how long a waiter that hears nothing sleeps: until the holder's lease
-// runs out, plus jitter so that waiters of a crashed holder do not all arrive at once.
-// A waiter that keeps locks taken before a busy one comes back within a third of
-// its lease, and its attempt renews them.
-func (a *acquisition) retryAfter(pttl time.Duration) time.Duration {
-	if pttl < 0 || pttl > MaxTTL { // no expiry, or set by hand: look again later
-		pttl = time.Second
-	}
-	d := pttl + rand.N(pttl/8+time.Millisecond)
-	if a.kept > 0 {
-		d = min(d, a.ttl/3)
-	}
-	return d
-}
 
 const (
 	// hubLinger is how long the subscription connection stays open after the last
@@ -194,8 +49,8 @@ type subscription struct {
 type waiter struct {
 	a      *acquisition
 	id     string
-	head   string     // "<client>.<waiter> <hand-over lease ms>", as lock.lua queues it
-	entry  string     // the queue entry lock.lua writes: head, then the identity
+	head   string     // the head of its queue entry (layout.go)
+	entry  string     // its queue entry, as the lock scripts write it: head, then who it is
 	queued bool       // an attempt may have queued it: take it out when done
 	sent   time.Time  // when the last attempt was sent
 	grant  chan int64 // capacity 1: the fence of a hand-over
@@ -220,10 +75,7 @@ func (h *hub) join(a *acquisition) *waiter {
 	}
 	h.seq++
 	id := strconv.FormatUint(h.seq, 36)
-	head := h.id + "." + id + " " + strconv.FormatInt(a.handOverLease().Milliseconds(), 10)
-	if a.limit > 1 {
-		head += "/" + strconv.Itoa(a.limit) // the limit it waits under (semaphore.lua)
-	}
+	head := entryHead(h.id, id, a.handOverLease(), a.limit)
 	w := &waiter{
 		a: a, id: id, head: head, entry: head + " " + a.id + a.desc,
 		grant: make(chan int64, 1), wake: make(chan struct{}, 1),
@@ -261,7 +113,7 @@ func (h *hub) leave(ctx context.Context, w *waiter, acquired bool) {
 // held; the connection is dialled by the reading goroutine.
 func (h *hub) start() *subscription {
 	s := &subscription{
-		ps:   h.c.rdb.Subscribe(context.Background()),
+		ps:   h.c.run.Subscribe(context.Background()),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -395,21 +247,20 @@ func (h *hub) replace(s *subscription) *redis.PubSub {
 		return nil
 	}
 	old := s.ps
-	s.ps = h.c.rdb.Subscribe(context.Background())
+	s.ps = h.c.run.Subscribe(context.Background())
 	ps := s.ps
 	h.mu.Unlock()
 	_ = old.Close()
 	return ps
 }
 
-// handedOver handles "<waiter> <fence>" from a release: the lock is that waiter's;
-// fence 0 means that the waiter was taken out of the queue without it, and should
-// try again now (semaphore.lua). A waiter that has left is not told: its leave
-// passes the lock on.
+// handedOver handles a wake-up message (layout.go): the lock is the waiter's, with
+// the fence given; or, fence 0, the waiter was taken out of the queue without it, and
+// should try again now. A waiter that has left is not told: its leave passes the lock
+// on.
 func (h *hub) handedOver(payload string) {
-	id, fence, ok := strings.Cut(payload, " ")
-	f, err := strconv.ParseInt(fence, 10, 64)
-	if !ok || err != nil {
+	id, f, ok := parseWake(payload)
+	if !ok {
 		return
 	}
 	h.mu.Lock()

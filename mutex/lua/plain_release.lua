@@ -1,26 +1,26 @@
--- release.lua: release the locks our token holds, handing each to the oldest waiter
--- whose client is listening.
+-- plain_release.lua: release the locks our token holds, handing each to the oldest
+-- waiter whose client is listening.
 --
--- KEYS[2i-1] -> <prefix>{<key i>}        lock i (see common.lua for its value)
--- KEYS[2i]   -> <prefix>{<key i>}:wait   its waiters: list of "<client>.<waiter> <lease ms> <identity><description>",
---                                        oldest first
+-- KEYS[2i-1] -> <prefix>{<key i>}        lock i (layout.go)
+-- KEYS[2i]   -> <prefix>{<key i>}:wait   its waiters, oldest first (layout.go)
 -- One lock, or several held as one (in Redis Cluster the caller sends one per call).
--- ARGV[1] -> identity of the holder: its token's length in 4 digits, then the token
+-- ARGV[1] -> identity of the holder
 -- ARGV[2] -> a waiter that gives up, to take out of every queue first (its entry as
---            lock.lua wrote it), or "" for a plain release
+--            plain_lock.lua wrote it), or "" for a plain release
 -- ARGV[3] -> channel prefix: a client <c> listens on ARGV[3] .. <c>
 -- ARGV[4] -> "1" when PUBLISH counts every subscriber (not in Redis Cluster, where it
 --            counts those of this node only)
 -- ARGV[5] -> how long the tombstone of a release stays, in milliseconds
 --
 -- For each lock: 1 when released, 0 when the key is gone or holds another token, 2
--- when our lock was released by force (force.lua) since; in both of the latter cases
--- the lock is not touched. Returns 2 if any lock gave 2, else 0 if any gave 0, else 1.
+-- when our lock was released by force (plain_force.lua) since; in both of the latter
+-- cases the lock is not touched. Returns 2 if any lock gave 2, else 0 if any gave 0,
+-- else 1.
 --
 -- A release that finds its own tombstone, or finds the lock handed over by itself
 -- (the previous holder), or taken by a lock with Limit(n) from its tombstone (the
--- hash's "prev", semaphore.lua), counts as released: it was applied already and its
--- reply lost. The lock goes to the oldest listening waiter (see handOver in handover.lua);
+-- hash's SLOTS_PREV, slots.lua), counts as released: it was applied already and its
+-- reply lost. The lock goes to the oldest listening waiter (handOver, plain.lua);
 -- when nobody is left, it becomes a tombstone.
 local function release(lock, q)
   if ARGV[2] ~= '' then
@@ -28,7 +28,7 @@ local function release(lock, q)
   end
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- a lock with Limit(n), a hash, took the key after us?
-    if ARGV[2] == '' and redis.pcall('HGET', lock, 'prev') == ARGV[1] then
+    if ARGV[2] == '' and redis.pcall('HGET', lock, SLOTS_PREV) == ARGV[1] then
       return 1
     end
     return 0
@@ -36,21 +36,21 @@ local function release(lock, q)
   if not v then
     return 0
   end
-  local state = string.byte(v, 17)
   if not ours(v, ARGV[1]) then
     local _, prev = holder(v)
-    if string.sub(prev, 1, #ARGV[1] + 1) == '!' .. ARGV[1] then -- "!" .. ours .. forcer's
+    if string.sub(prev, 1, #ARGV[1] + 1) == string.char(FORCED) .. ARGV[1] then
       return 2
     end
-    if ARGV[2] == '' and state ~= 114 and prev == ARGV[1] then
+    if ARGV[2] == '' and held(v) and prev == ARGV[1] then
       return 1
     end
     return 0
   end
-  if state == 114 then
+  local state = string.byte(v, STATE_AT)
+  if state == RELEASED then
     return 1
   end
-  if state == 119 then -- "w"
+  if state == WAITED then
     local given
     given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4])
     if given then

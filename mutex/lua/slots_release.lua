@@ -1,16 +1,16 @@
--- sem_release.lua: give up the slot our identity holds in a lock with Limit(n) (see
--- semaphore.lua), handing it to the oldest waiter whose client is listening.
+-- slots_release.lua: give up the slot our identity holds in a lock with Limit(n) (see
+-- slots.lua), handing it to the oldest waiter whose client is listening.
 --
--- KEYS[1] -> <prefix>{<key>}                    the holders (a HASH, see semaphore.lua)
--- KEYS[2] -> <prefix>{<key>}:slots              waiters (see sem_lock.lua)
+-- KEYS[1] -> <prefix>{<key>}                    the holders (a HASH, layout.go)
+-- KEYS[2] -> <prefix>{<key>}:slots              waiters (see slots_lock.lua)
 -- KEYS[3] -> <prefix>{<key>}:released:<digest>  set for a while when this identity
 --                                               released, to the fence of the slot it
---                                               released: the digest is of the identity
--- ARGV[1] -> identity of the holder: its token's length in 4 digits, then the token
+--                                               released (layout.go)
+-- ARGV[1] -> identity of the holder
 -- ARGV[2] -> a waiter that gives up, to take out of the queue first (its entry as
---            sem_lock.lua wrote it), or "" for a plain release
--- ARGV[3] -> channel prefix, as in release.lua
--- ARGV[4] -> "1" when PUBLISH counts every subscriber, as in release.lua
+--            slots_lock.lua wrote it), or "" for a plain release
+-- ARGV[3] -> channel prefix, as in plain_release.lua
+-- ARGV[4] -> "1" when PUBLISH counts every subscriber, as in plain_release.lua
 -- ARGV[5] -> how long KEYS[3] stays, and the tombstone of the last release, in ms
 -- ARGV[6] -> the fence of the slot to release, or "0" when not known
 --
@@ -22,20 +22,20 @@
 if ARGV[2] ~= '' then
   redis.call('LREM', KEYS[2], 0, ARGV[2])
 end
-local us, ms = semNow()
-if semType(KEYS[1]) == 'hash' then
-  local s = semLoad(KEYS[1], ms, 'h' .. ARGV[1])
+local c = slotsCall(KEYS[1], KEYS[2], ARGV[3], ARGV[4])
+if keyType(KEYS[1]) == 'hash' then
+  local s = slotsLoad(c, SLOT_HOLDER .. ARGV[1])
   local released = s.mine ~= nil
-  local by = '0000'
+  local by = NO_DESCRIPTION
   if released then
-    redis.call('HDEL', KEYS[1], 'h' .. ARGV[1])
+    redis.call('HDEL', KEYS[1], SLOT_HOLDER .. ARGV[1])
     s.live = s.live - 1 -- s.held keeps us, so that no entry of ours gets the slot
     by = ARGV[1]
     redis.call('SET', KEYS[3], string.match(s.mine, '^%d+ (%d+)'), 'PX', ARGV[5])
   end
   -- Slots freed by this release and by leases that ended go to the waiters.
-  semHandOver(KEYS[1], KEYS[2], s, '', '', '', 0, ARGV[3], ARGV[4], us, ms)
-  semStore(KEYS[1], s, by, us, ms, ARGV[5])
+  slotsHandOver(c, s, nil)
+  slotsStore(c, s, by, ARGV[5])
   if released then
     return 1
   end

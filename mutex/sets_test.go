@@ -132,7 +132,7 @@ func waitQueued(t *testing.T, admin redis.Cmdable, rkey string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		n, err := admin.LLen(context.Background(), rkey+waitSuffix).Result()
-		m, err2 := admin.LLen(context.Background(), rkey+semWaitSuffix).Result()
+		m, err2 := admin.LLen(context.Background(), rkey+slotsSuffix).Result()
 		return err == nil && err2 == nil && n+m > 0
 	}, 10*time.Second, 5*time.Millisecond, "nobody queued on %s", rkey)
 }

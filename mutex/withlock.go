@@ -50,6 +50,25 @@ func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn
 	return c.withLock(ctx, a, fn)
 }
 
+// WithLockKeys takes the locks on all of keys as one lock, as LockKeys does (waiting
+// unless MaxWait(0)), runs fn while holding them, and releases them all when fn
+// returns or panics. It renews all of them together, every ttl/3, in one call on a
+// single Redis; if any lease is lost (Redis says a key is no longer ours, or renewals
+// fail until the lease would have ended on this process's clock), fn's context is
+// cancelled at once and WithLockKeys returns an error wrapping ErrNotHeld, exactly as
+// WithLock does for one key. FromContext gives fn the Lock, whose Fences are the
+// fencing tokens of the keys. The results are those of WithLock.
+func (c *Client) WithLockKeys(ctx context.Context, keys []string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) error {
+	if fn == nil {
+		return errors.New("mutex: WithLockKeys with nil fn")
+	}
+	a, err := c.newMultiAcquisition(keys, ttl, opts)
+	if err != nil {
+		return err
+	}
+	return c.withLock(ctx, a, fn)
+}
+
 // withLock is WithLock for acquisition a.
 func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.Context) error) (err error) {
 	ttl := a.ttl

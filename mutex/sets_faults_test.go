@@ -26,7 +26,7 @@ func subscribed(t *testing.T, admin *redis.Client, c *Client) {
 
 // TestLockKeysLostReplyQueuesOnce: the reply to the attempt that queues a set
 // waiter on its busy key is lost; go-redis sends the same EVALSHA again (queued
-// "0"), and lock.lua pushes the waiter's entry a second time. The set later takes
+// "0"), and plain_lock.lua pushes the waiter's entry a second time. The set later takes
 // that key because its holder's lease ran out (take() removes one entry only), so
 // the stale entry stays: the set's own release hands the key to the stale entry,
 // a waiter that no longer exists, and the key stays held by nobody for a whole

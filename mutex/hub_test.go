@@ -38,7 +38,7 @@ func TestWaiterBehindCrashedHolder(t *testing.T) {
 	})
 }
 
-// countAttempts is a go-redis hook counting lock.lua calls.
+// countAttempts is a go-redis hook counting plain_lock.lua calls.
 type countAttempts struct{ n atomic.Int64 }
 
 func (h *countAttempts) DialHook(next redis.DialHook) redis.DialHook { return next }

@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // endSlot makes the lease of the slot that token holds in key end now, as if its
@@ -273,7 +274,7 @@ func TestLimitIdempotent(t *testing.T) {
 		require.NoError(t, other.Unlock(ctx))
 		require.NoError(t, l1.Unlock(ctx), "repeated after the key became free")
 
-		stranger := &Lock{c: c, key: key, keys: l1.keys, id: identity("never-held"), limit: 2}
+		stranger := &Lock{c: c, kind: c.slots, key: key, keys: l1.keys, locks: l1.locks, id: identity("never-held")}
 		require.ErrorIs(t, stranger.Unlock(ctx), ErrNotHeld, "a token that never held a slot")
 	})
 }
@@ -367,8 +368,8 @@ func TestLimitLostReplies(t *testing.T) {
 	_, p, _, c := throughProxy(t)
 	ctx := context.Background()
 	key := uniqueKey(t)
-	for _, s := range []*redis.Script{semLockScript, semReleaseScript} {
-		require.NoError(t, s.Load(ctx, c.rdb).Err())
+	for _, s := range []*store.Script{slotsLockScript, slotsReleaseScript} {
+		require.NoError(t, c.run.Load(ctx, s))
 	}
 	other, err := c.TryLock(ctx, key, time.Minute, Limit(2))
 	require.NoError(t, err)
@@ -388,7 +389,7 @@ func TestLimitLostReplies(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, in.Slots, 1, "the release freed exactly one slot")
 	// Control: without its mark, the repeat would be told the slot is not held.
-	n, err := semReleaseScript.Run(ctx, c.rdb, []string{l.keys[0], l.keys[1], l.keys[0] + releasedInfix + "none"},
+	n, err := c.run.Run(ctx, slotsReleaseScript, []string{l.keys[0], l.keys[1], l.keys[0] + releasedInfix + "none"},
 		l.id, "", c.channels, c.countsSubscribers, tombstoneMillis, l.fence).Int64()
 	require.NoError(t, err)
 	assert.Zero(t, n, "control: a repeated release without its mark")

@@ -1,0 +1,91 @@
+package mutex
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+)
+
+var (
+	// ErrNotObtained means another holder has the lock: at once for TryLock, or for
+	// the whole wait of Lock and WithLock. When the wait ended because the context was
+	// done, the error returned is errors.Join(ErrNotObtained, ctx.Err()).
+	ErrNotObtained = errors.New("mutex: not obtained")
+
+	// ErrNotHeld means the lock is no longer ours: its lease expired or another token
+	// holds the key. Unlock and Extend return it (wrapped) and change nothing; WithLock
+	// returns it (wrapped) when the lease was lost while fn ran.
+	ErrNotHeld = errors.New("mutex: not held")
+)
+
+// errForced is why an Unlock finds the lock gone when ForceRelease took it.
+var errForced = errors.New("the lock was released by force (ForceRelease) while held")
+
+// LimitError is the error of an acquisition that asked for a key with another limit
+// than the one its holders use (see Limit). Nothing changed in Redis. A plain lock
+// counts as Limit(1).
+type LimitError struct {
+	Key   string // the key as the caller gave it
+	Held  int    // the limit of the key's holders
+	Asked int    // the limit asked for
+}
+
+// Error names the key (shortened past 100 bytes) and both limits.
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("mutex: lock %s: held with %s, asked with %s; every holder of a key must use the same limit while it is held",
+		show(e.Key), limitText(e.Held), limitText(e.Asked))
+}
+
+func limitText(n int) string {
+	if n <= 1 {
+		return "no Limit (a plain lock)"
+	}
+	return "Limit(" + strconv.Itoa(n) + ")"
+}
+
+// BusyKey returns the key another holder had when TryLockKeys, LockKeys or
+// WithLockKeys returned err, an error wrapping ErrNotObtained: of the keys found
+// busy, the first in the order they are taken. It reports false for any other
+// error, and for an acquisition of one key, whose key the caller knows.
+func BusyKey(err error) (key string, ok bool) {
+	var be *busyError
+	if errors.As(err, &be) {
+		return be.key, true
+	}
+	return "", false
+}
+
+// busyError is ErrNotObtained (joined with the context's error, if any) from an
+// acquisition of several keys, naming the key that was busy.
+type busyError struct {
+	key string
+	err error
+}
+
+func (e *busyError) Error() string {
+	if e.err == ErrNotObtained {
+		return "mutex: not obtained: key " + show(e.key) + " is held"
+	}
+	return "mutex: not obtained, key " + show(e.key) + " being held: " + e.err.Error()
+}
+
+func (e *busyError) Unwrap() error { return e.err }
+
+// show is a key as errors show it: whole up to 100 bytes, shortened with a digest
+// past that, quoted.
+func show(key string) string { return shortkey.Quote(key) }
+
+// showKeys is key, or keys when there are several, as errors show them.
+func showKeys(key string, keys []string) string {
+	if keys == nil {
+		return show(key)
+	}
+	q := make([]string, len(keys))
+	for i, k := range keys {
+		q[i] = show(k)
+	}
+	return "keys " + strings.Join(q, ", ")
+}

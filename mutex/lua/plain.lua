@@ -1,0 +1,41 @@
+-- plain.lua: what the scripts of a plain lock (one key, or a set of keys taken as
+-- one) share after common.lua.
+--
+-- A plain lock's value is a string (layout.go); its waiters queue at <lock>:wait,
+-- oldest first, in entries as layout.go describes them.
+
+-- handOver gives the lock, whose value is v, to the oldest waiter in queue q whose
+-- client is listening: the waiter's entry is taken out, the lock is set to its
+-- identity with a new fence and its own lease, and its client gets "<waiter> <fence>"
+-- on channel chan .. <client>. When no subscriber received that (the client died or
+-- is reconnecting), the next waiter is tried, so dead waiters cannot swallow a
+-- release; the waiter passed over tries again by itself once it listens again; so is
+-- an entry of prev, the releaser. PUBLISH counts every subscriber only when counts is
+-- "1" (not in Redis Cluster, where it counts those of one node). The new value names
+-- prev as the previous holder. Entries of another form, or with a lease that is not a
+-- positive number, are dropped. Returns true when a waiter got the lock; false when
+-- nobody was left, and the last value given to a waiter nobody heard (or v), so that
+-- the tombstone keeps the highest fence.
+local function handOver(lock, q, v, prev, chan, counts)
+  while true do
+    local e = redis.call('LPOP', q)
+    if not e then
+      return false, v
+    end
+    local client, waiter, ls, who = entry(e)
+    local lease = tonumber(ls)
+    -- An entry of the releaser itself (prev) is left out: it is one the releaser's
+    -- own wait left behind, and handing it the lock it gives up would keep the lock
+    -- held by nobody.
+    if lease and lease > 0 and (prev == '' or string.sub(who, 1, #prev) ~= prev) then
+      local f, now = nextFence(v)
+      local nv = value(f, WAITED, now, who, prev)
+      redis.call('SET', lock, nv, 'PX', lease)
+      local got = redis.call('PUBLISH', chan .. client, waiter .. ' ' .. string.sub(nv, 1, FENCE_DIGITS))
+      if got > 0 or counts ~= '1' then
+        return true
+      end
+      v = nv
+    end
+  end
+end

@@ -1,0 +1,122 @@
+-- slots.lua: what the scripts of a lock with Limit(n), n > 1, share after common.lua.
+--
+-- Such a lock is a Redis HASH at the key a plain lock of the same key would use, with
+-- its waiters at <key>:slots (layout.go). A holder whose lease has ended is dropped by
+-- every script that reads the whole hash, and its slot is handed on. When the last
+-- holder leaves, the hash becomes a plain lock's tombstone that keeps the last fence:
+-- free to both kinds of lock. A slot is handed to a waiter as handOver (plain.lua)
+-- hands a plain lock.
+
+-- slotsCall is one script call's view of the lock: its hash h, its queue q, the
+-- channel prefix and PUBLISH's counting (as in plain_release.lua), and the server
+-- time, read once, in µs and ms.
+local function slotsCall(h, q, chan, counts)
+  local us = serverMicros()
+  return {h = h, q = q, chan = chan, counts = counts, us = us, ms = math.floor(us / 1000)}
+end
+
+-- slotsLoad reads the hash as it is at the call's time, dropping holders whose lease
+-- has ended. It returns s: live (holders left), limit (0 when unset), fence, first and
+-- last (the earliest and latest lease end of the holders left, in ms), held (the set
+-- of their fields), and mine, the value of field mine if that holder is left (nil
+-- otherwise).
+local function slotsLoad(c, mine)
+  local all = redis.call('HGETALL', c.h)
+  local s = {live = 0, limit = 0, fence = 0, first = nil, last = 0, held = {}, mine = nil}
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    if string.sub(f, 1, #SLOT_HOLDER) == SLOT_HOLDER then
+      local e = tonumber(string.match(v, '^%d+')) or 0
+      if e <= c.ms then
+        redis.call('HDEL', c.h, f)
+      else
+        s.live = s.live + 1
+        s.held[f] = true
+        if not s.first or e < s.first then
+          s.first = e
+        end
+        s.last = math.max(s.last, e)
+        if f == mine then
+          s.mine = v
+        end
+      end
+    elseif f == SLOTS_LIMIT then
+      s.limit = tonumber(v) or 0
+    elseif f == SLOTS_FENCE then
+      s.fence = tonumber(v) or 0
+    end
+  end
+  return s
+end
+
+-- slotsGrant gives a slot to identity id (with description desc) for lease ms, and
+-- returns its fence.
+local function slotsGrant(c, s, id, desc, lease)
+  local f = math.max(s.fence + 1, c.us)
+  s.fence = f
+  local e = c.ms + lease
+  redis.call('HSET', c.h, SLOT_HOLDER .. id, string.format('%d %d %d ', e, f, c.us) .. desc, SLOTS_FENCE, string.format('%d', f))
+  s.live = s.live + 1
+  s.held[SLOT_HOLDER .. id] = true
+  if not s.first or e < s.first then
+    s.first = e
+  end
+  s.last = math.max(s.last, e)
+  return f
+end
+
+-- slotsHandOver gives the free slots to the oldest waiters whose client is listening,
+-- as handOver (plain.lua) gives a plain lock: the entry is taken out, the waiter gets
+-- a slot with its own lease and a new fence, and its client gets "<waiter> <fence>";
+-- a waiter nobody heard (when PUBLISH counts) loses the slot again and the next is
+-- tried. A waiter under a limit other than the hash's is taken out and gets
+-- "<waiter> WAKE_RETRY", so that it tries again at once and learns of the limit in
+-- force. Entries of identities s.held marks as holders, and entries of another form,
+-- are dropped. me is the caller's own wait, {entry, id, desc, lease}, or nil: when its
+-- entry comes up, the caller takes the slot itself and its fence is returned;
+-- otherwise nil.
+local function slotsHandOver(c, s, me)
+  while s.live < s.limit do
+    local e = redis.call('LPOP', c.q)
+    if not e then
+      return nil
+    end
+    if me and e == me.entry then
+      return slotsGrant(c, s, me.id, me.desc, me.lease)
+    end
+    local client, waiter, lf, who = entry(e)
+    local ls, lim
+    if client then
+      ls, lim = string.match(lf, '^(%d+)/(%d+)$')
+    end
+    local l = tonumber(ls)
+    local n = l and tonumber(string.sub(who, 1, LEN_DIGITS))
+    if n and l > 0 and tonumber(lim) ~= s.limit then
+      redis.call('PUBLISH', c.chan .. client, waiter .. ' ' .. WAKE_RETRY)
+    elseif n and l > 0 then
+      local wid = string.sub(who, 1, LEN_DIGITS + n)
+      if not s.held[SLOT_HOLDER .. wid] then
+        local f = slotsGrant(c, s, wid, string.sub(who, LEN_DIGITS + 1 + n), l)
+        local got = redis.call('PUBLISH', c.chan .. client, waiter .. ' ' .. string.format('%d', f))
+        if got == 0 and c.counts == '1' then
+          redis.call('HDEL', c.h, SLOT_HOLDER .. wid)
+          s.live = s.live - 1
+          s.held[SLOT_HOLDER .. wid] = nil
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- slotsStore sets the hash's expiry to its longest lease, or, when nobody holds it,
+-- replaces it with a plain lock's tombstone that keeps the last fence for tomb ms,
+-- naming id (an identity, or NO_DESCRIPTION for nobody) as the releaser.
+local function slotsStore(c, s, id, tomb)
+  if s.live > 0 then
+    redis.call('PEXPIRE', c.h, math.max(s.last - c.ms, 1))
+    return
+  end
+  redis.call('DEL', c.h)
+  redis.call('SET', c.h, value(s.fence, RELEASED, c.us, id .. NO_DESCRIPTION, ''), 'PX', tomb)
+end

@@ -1,0 +1,92 @@
+-- slots_lock.lua: take a slot of a lock with Limit(n) (see slots.lua), or confirm
+-- that our identity holds one; when all n are taken, queue the caller as a waiter.
+--
+-- KEYS[1] -> <prefix>{<key>}        the holders (a HASH, layout.go); expires with the longest lease
+-- KEYS[2] -> <prefix>{<key>}:slots  waiters, as in plain_lock.lua but with "<lease ms>/<limit>"
+-- ARGV[1] -> identity of this acquisition
+-- ARGV[2] -> lease in milliseconds
+-- ARGV[3] -> head of the waiter's queue entry, to queue it if every slot is taken
+--            ("<client>.<waiter> <lease ms>/<limit>"), or ""
+-- ARGV[4] -> "1" if an earlier attempt of this waiter may have queued it
+-- ARGV[5] -> the holder's description, counted
+-- ARGV[6] -> n, the limit asked for
+-- ARGV[7] -> channel prefix, as in plain_release.lua
+-- ARGV[8] -> "1" when PUBLISH counts every subscriber, as in plain_release.lua
+--
+-- Both keys share the hash tag, so one Redis Cluster slot.
+-- Returns {fence, 0} when a slot is ours; {0, ms} when all are taken, ms being the
+-- time until the earliest lease ends; {-1, m} when holders use another limit m;
+-- {-2, pttl} when a plain lock holds the key; {-3, 0} when the key holds another type.
+--
+-- Slots freed by leases that ended go first to the queue, oldest first (our own entry
+-- takes its turn there); a slot left over goes to the caller. A waiter keeps its
+-- place while it retries, as in plain_lock.lua. When nobody holds the key, the limit
+-- asked for becomes the key's.
+local n = tonumber(ARGV[6])
+local c = slotsCall(KEYS[1], KEYS[2], ARGV[7], ARGV[8])
+local t = keyType(KEYS[1])
+local base = 0
+if t == 'string' then
+  local v = redis.call('GET', KEYS[1])
+  if held(v) then -- a plain lock holds it
+    return {-2, redis.call('PTTL', KEYS[1])}
+  end
+  base = fenceOf(v) or 0
+  redis.call('DEL', KEYS[1])
+  local releaser = holder(v)
+  if releaser ~= NO_DESCRIPTION then
+    -- Kept so that the plain lock's release, repeated after a lost reply, is
+    -- recognised (plain_release.lua) as it would be on a plain lock.
+    redis.call('HSET', KEYS[1], SLOTS_PREV, releaser)
+  end
+elseif t ~= 'hash' and t ~= 'none' then
+  return {-3, 0}
+end
+local s = slotsLoad(c, SLOT_HOLDER .. ARGV[1])
+s.fence = math.max(s.fence, base)
+if s.live > 0 and s.limit ~= n then
+  return {-1, s.limit}
+end
+if s.live == 0 and s.limit ~= n then
+  s.limit = n
+  redis.call('HSET', KEYS[1], SLOTS_LIMIT, ARGV[6])
+end
+local e = ''
+if ARGV[3] ~= '' then
+  e = ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5]
+end
+local lease = tonumber(ARGV[2])
+local mine = s.mine
+if mine then -- ours already (a retry after a lost reply, or a hand-over not heard)
+  local ends = c.ms + lease
+  redis.call('HSET', KEYS[1], SLOT_HOLDER .. ARGV[1], string.format('%d', ends) .. string.match(mine, '^%d+(.*)$'))
+  s.last = math.max(s.last, ends)
+  if ARGV[4] == '1' then
+    redis.call('LREM', KEYS[2], 0, e)
+  end
+  slotsHandOver(c, s, nil)
+  slotsStore(c, s, ARGV[1], 0)
+  return {tonumber(string.match(mine, '^%d+ (%d+)')), 0}
+end
+local me = nil
+if ARGV[4] == '1' then
+  me = {entry = e, id = ARGV[1], desc = ARGV[5], lease = lease}
+end
+local f = slotsHandOver(c, s, me)
+if not f and s.live < s.limit then
+  f = slotsGrant(c, s, ARGV[1], ARGV[5], lease)
+  if ARGV[4] == '1' then
+    redis.call('LREM', KEYS[2], 0, e)
+  end
+end
+slotsStore(c, s, ARGV[1], 0)
+if f then
+  return {f, 0}
+end
+if e ~= '' then
+  if not redis.call('LPOS', KEYS[2], e) then -- not twice after a lost reply
+    redis.call('RPUSH', KEYS[2], e)
+  end
+  redis.call('PEXPIRE', KEYS[2], 2 * math.max(s.last - c.ms, 1000) + 1000)
+end
+return {0, math.max((s.first or c.ms) - c.ms, 1)}

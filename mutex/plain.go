@@ -1,0 +1,160 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// plainKind is the plain lock: one holder of one key, or of a set of keys taken as
+// one (LockKeys). Its value is a string (layout.go), its waiters queue at the key +
+// waitSuffix, and its scripts are lua/plain_*.lua. A set is taken in one script call
+// on a single Redis and in one call per key where keys live on several servers.
+type plainKind struct{ c *Client }
+
+var _ kind = plainKind{}
+
+func (plainKind) queue(rkey string) string { return rkey + waitSuffix }
+
+func (k plainKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outcome, error) {
+	for freed := false; ; freed = true {
+		o, limited, err := k.try(ctx, a, w)
+		if err != nil || limited < 0 {
+			return o, err
+		}
+		// Lock limited (in a.locks' order) is held with Limit(n): its holders whose
+		// leases ended are dropped, and if none is left it is free for us to try again.
+		rkey := a.locks[limited]
+		res, err := k.c.slots.free(ctx, rkey)
+		switch {
+		case err != nil:
+			return outcome{}, err
+		case res[0] == -1:
+			return outcome{refused: fmt.Errorf("mutex: lock %s: the Redis key %s holds a value of another type, not written by this package",
+				show(a.givenKey(limited)), show(rkey))}, nil
+		case res[0] > 0 || freed:
+			return outcome{refused: &LimitError{Key: a.givenKey(limited), Held: int(res[1]), Asked: 1}}, nil
+		}
+	}
+}
+
+// try runs plain_lock.lua once, in one call for all of a's locks, or one call per
+// lock where they live on several servers. limited is the index (in a.locks' order)
+// of a lock found held with Limit(n), else -1. A non-nil w is queued on the busy lock,
+// and the locks before it stay taken (a.kept); with a nil w (TryLock) nothing stays
+// taken.
+func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcome, limited int, err error) {
+	head := ""
+	var queued, all any = "0", "1" // constants in an interface cost no allocation
+	if w != nil {
+		head, all = w.head, "0"
+		if w.queued {
+			queued = "1"
+		}
+	}
+	var (
+		fences []int64
+		busy   bool
+	)
+	limited = -1
+	k.c.run.Each(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all},
+		func(b []string, cmd *redis.Cmd) bool {
+			var res []int64
+			res, err = cmd.Int64Slice()
+			switch {
+			case err != nil:
+			case len(res) == 3 && res[0] <= 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
+				i := len(fences) + int(res[2]) - 1 // in a.locks' order
+				if res[0] < 0 {
+					limited = i
+				}
+				busy, o.pttl, a.busy = true, time.Duration(res[1])*time.Millisecond, i
+				if w != nil { // the locks before the busy one were taken, and kept
+					fences = append(fences, make([]int64, res[2]-1)...)
+				}
+			case len(res) == len(b)/2 && res[0] > 0:
+				fences = append(fences, res...)
+				return true
+			default:
+				err = fmt.Errorf("unexpected reply %v", res)
+			}
+			return false
+		})
+	if err != nil || !busy {
+		o.fences = fences
+		return o, -1, err
+	}
+	switch {
+	case w == nil && len(fences) > 0:
+		// One lock per call (several servers): give back those taken before the busy
+		// one, so that TryLock takes all or nothing.
+		k.c.abandon(ctx, a)
+	case w != nil && len(fences) < a.kept && 2*(len(fences)+1) < len(a.keys):
+		// A kept lock was lost (its lease ran out while we did not come back, and
+		// someone took it): the locks after it that we still hold, or that a release
+		// hands us from the queues we were in, must not wait with us for it, or a set
+		// that holds it could wait for them. Give them back, and leave those queues.
+		k.c.giveBack(ctx, a, a.keys[2*(len(fences)+1):], w.entry)
+	}
+	a.kept = 0
+	if w != nil {
+		a.kept = len(fences)
+	}
+	return o, limited, nil
+}
+
+func (k plainKind) release(ctx context.Context, keys []string, id, entry string, _ int64) (released, error) {
+	res := releasedOK
+	var errs error
+	k.c.run.Each(ctx, plainReleaseScript, keys, 2, []any{id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis},
+		func(_ []string, cmd *redis.Cmd) bool {
+			r, err := cmd.Int64()
+			switch {
+			case err != nil:
+				errs = errors.Join(errs, err)
+			case released(r) == forced || (released(r) == notOurs && res == releasedOK):
+				res = released(r)
+			}
+			return true // every lock is tried
+		})
+	return res, errs
+}
+
+func (k plainKind) extend(ctx context.Context, l *Lock, ttl time.Duration) (held bool, err error) {
+	held = true
+	k.c.run.Each(ctx, plainExtendScript, l.locks, 1, []any{l.id, ttl.Milliseconds()},
+		func(_ []string, cmd *redis.Cmd) bool {
+			var n int64
+			n, err = cmd.Int64()
+			held = held && n == 1
+			return err == nil && held
+		})
+	return held, err
+}
+
+func (k plainKind) pttl(ctx context.Context, l *Lock) (d time.Duration, held bool, err error) {
+	least := int64(-1)
+	held = true
+	k.c.run.Each(ctx, plainPTTLScript, l.locks, 1, []any{l.id},
+		func(_ []string, cmd *redis.Cmd) bool {
+			var n int64
+			n, err = cmd.Int64()
+			switch {
+			case err != nil:
+				return false
+			case n == -3:
+				held = false
+				return false
+			case n >= 0 && (least < 0 || n < least):
+				least = n
+			}
+			return true
+		})
+	if least < 0 {
+		return -1, held, err // no expiry: someone removed it by hand
+	}
+	return time.Duration(least) * time.Millisecond, held, err
+}

@@ -53,7 +53,8 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	key      KeyFunc  // one key per task
 	keys     KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
-	keySetBy string   // the option that set key or keys, to refuse two
+	keySetBy string   // the option that set key or keys: On, OnEach, KeyBy, KeysBy
+	keyCall  string   // that option as called, On("id"), to name it when refusing a second
 	fields   []string // On's or OnEach's fields: key or keys are made from them in Middleware
 	scope    string   // Scope: the name in keys instead of the task type
 	ttl      time.Duration
@@ -68,6 +69,9 @@ type config struct {
 	meta func(context.Context) taskMeta // what asynq says of the task; a seam for tests
 
 	limit int // tasks per key at once
+
+	types   map[string]bool // For's task types; nil: every task
+	forCall string          // For as called, to name it when refusing a second
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -75,34 +79,89 @@ type config struct {
 // the field id inside the object customer). A value must be a string, a number, a
 // boolean or null; see KeyFunc for the key's exact form. Without On or KeyBy the key
 // is the task type alone: at most one task of each type runs at a time. Scope
-// shares keys between task types. A task whose
-// payload is not a JSON object, lacks a field, or holds an object, an array or a
-// string that is not UTF-8 there, is archived at once with an error naming the field
-// (see Middleware). On panics if no field is given or a name is empty.
+// shares keys between task types.
+//
+// A task whose payload is not a JSON object, lacks a field, or holds an object, an
+// array or a string that is not UTF-8 there, is archived at once with an error
+// naming the field (see Middleware). That holds for every task the middleware
+// wraps: under mux.Use, without For, it wraps every task type on the mux, and a task
+// type whose payload lacks the field is archived without running. Name the task
+// types with For, or wrap their handlers alone.
+//
+// On panics if no field is given or a name is empty. Give every field to one On:
+// Middleware panics on a second key option (On, OnEach, KeyBy, KeysBy), naming both,
+// rather than keep one of them.
 func On(fields ...string) Option {
 	if len(fields) == 0 {
 		panic("asynqmutex.On: no field given")
 	}
 	validateFields("asynqmutex.On", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("On", nil, nil); c.fields = fields })
+	call := callText("On", fields)
+	return optionFunc(func(c *config) { c.setKey("On", call, nil, nil); c.fields = fields })
+}
+
+// For makes the middleware apply to tasks of these types only: a task of any other
+// type goes straight to the next handler, untouched, at the cost of a map lookup and
+// no Redis command. It is what makes mux.Use safe on a mux that serves other task
+// types, whose payloads need not hold On's fields:
+//
+//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("payment:capture"), asynqmutex.On("transaction_id")))
+//
+// The default is every task the middleware wraps. For panics if no type is given or
+// a type is empty; Middleware panics if For is given twice, naming both: list every
+// type in one For.
+func For(taskTypes ...string) Option {
+	if len(taskTypes) == 0 {
+		panic("asynqmutex.For: no task type given")
+	}
+	types := make(map[string]bool, len(taskTypes))
+	for _, typ := range taskTypes {
+		if typ == "" {
+			panic("asynqmutex.For: empty task type")
+		}
+		types[typ] = true
+	}
+	call := callText("For", taskTypes)
+	return optionFunc(func(c *config) {
+		if c.forCall != "" {
+			panic("asynqmutex.Middleware: " + c.forCall + " and " + call + " both given; list every task type in one For")
+		}
+		c.types, c.forCall = types, call
+	})
+}
+
+// callText is an option as it was called, For("a", "b"), for panics that name it.
+func callText(name string, args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = shortkey.Quote(a)
+	}
+	return name + "(" + strings.Join(quoted, ", ") + ")"
 }
 
 // KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
 // or an empty key, archives the task as a malformed payload does. KeyBy panics if fn
-// is nil.
+// is nil; Middleware panics if another key option (On, OnEach, KeyBy, KeysBy) is
+// given too.
 func KeyBy(fn KeyFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeyBy: nil KeyFunc")
 	}
-	return optionFunc(func(c *config) { c.setKey("KeyBy", fn, nil) })
+	return optionFunc(func(c *config) { c.setKey("KeyBy", "KeyBy(fn)", fn, nil) })
 }
 
-func (c *config) setKey(by string, one KeyFunc, several KeysFunc) {
-	if c.keySetBy != "" && c.keySetBy != by {
-		panic("asynqmutex.Middleware: both " + c.keySetBy + " and " + by + " given; use one")
+// setKey records the key option by (called as call). A second key option panics,
+// naming both: keeping either would drop fields or keys the caller asked for.
+func (c *config) setKey(by, call string, one KeyFunc, several KeysFunc) {
+	if c.keySetBy != "" {
+		hint := "give one"
+		if c.keySetBy == by && (by == "On" || by == "OnEach") {
+			hint = "give every field to one " + by
+		}
+		panic("asynqmutex.Middleware: two key options, " + c.keyCall + " and " + call + "; " + hint)
 	}
-	c.key, c.keys, c.keySetBy, c.fields = one, several, by, nil
+	c.key, c.keys, c.keySetBy, c.keyCall, c.fields = one, several, by, call, nil
 }
 
 // keyFuncs sets key or keys once all options are in: from On's or OnEach's fields,
@@ -160,26 +219,28 @@ type KeysFunc func(ctx context.Context, t *asynq.Task) ([]string, error)
 // order (see mutex.Client.LockKeys); the price is that a task waiting for a busy key
 // (MaxWait) keeps the keys before it meanwhile, so tasks on those meet a busy key.
 // On Redis Cluster each key costs a round trip.
-// OnEach panics if no field is given or a name is empty; it cannot be combined with
-// On, KeyBy or KeysBy.
+// OnEach panics if no field is given or a name is empty. Give every field to one
+// OnEach: Middleware panics on a second key option (On, OnEach, KeyBy, KeysBy),
+// naming both. As with On, give For when the middleware wraps other task types.
 func OnEach(fields ...string) Option {
 	if len(fields) == 0 {
 		panic("asynqmutex.OnEach: no field given")
 	}
 	validateFields("asynqmutex.OnEach", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("OnEach", nil, nil); c.fields = fields })
+	call := callText("OnEach", fields)
+	return optionFunc(func(c *config) { c.setKey("OnEach", call, nil, nil); c.fields = fields })
 }
 
 // KeysBy makes fn derive several lock keys per task, held all at once, for sets
 // OnEach cannot express (see KeysFunc). An error from fn, no key, or an empty key
-// archives the task as a malformed payload does. KeysBy panics if fn is nil; it
-// cannot be combined with On, KeyBy or OnEach.
+// archives the task as a malformed payload does. KeysBy panics if fn is nil;
+// Middleware panics if another key option (On, OnEach, KeyBy, KeysBy) is given too.
 func KeysBy(fn KeysFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeysBy: nil KeysFunc")
 	}
-	return optionFunc(func(c *config) { c.setKey("KeysBy", nil, fn) })
+	return optionFunc(func(c *config) { c.setKey("KeysBy", "KeysBy(fn)", nil, fn) })
 }
 
 // TTL sets the lease of a task's lock. The middleware renews it every d/3 while the
@@ -271,7 +332,10 @@ func Logger(l *slog.Logger) Option {
 // on the task's key (see On, OnEach, KeyBy, KeysBy and Scope), so tasks with equal
 // keys never run at the same time (or no more than n at a time, with Limit) on any
 // worker that shares the lock Redis, while tasks with other keys run in parallel. Use
-// it with mux.Use(...) or Middleware(...)(handler).
+// it on the handlers it is for, Middleware(...)(handler), or with mux.Use(...) and
+// For naming their task types. It applies to every task it wraps unless For says
+// otherwise: under mux.Use without For that is every task type on the mux, and a
+// type whose payload lacks On's fields is archived without running.
 //
 // Per task: derive the key; take the lock, waiting up to MaxWait; run the handler
 // while the lease is renewed every TTL/3; release; return the handler's result
@@ -319,6 +383,14 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
 			panic("asynqmutex.Middleware: nil handler")
+		}
+		if m.types != nil {
+			return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+				if !m.types[t.Type()] {
+					return next.ProcessTask(ctx, t)
+				}
+				return m.process(ctx, t, next)
+			})
 		}
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			return m.process(ctx, t, next)

@@ -380,7 +380,22 @@ func TestOptionPanics(t *testing.T) {
 		{"Scope with KeyBy", "KeyBy makes its own keys", func() {
 			Middleware(locks, Scope("a"), KeyBy(func(context.Context, *asynq.Task) (string, error) { return "", nil }))
 		}},
-		{"On and OnEach", "both On and OnEach", func() { Middleware(locks, On("a"), OnEach("b")) }},
+		{"On and OnEach", `two key options, On("a") and OnEach("b"); give one`, func() { Middleware(locks, On("a"), OnEach("b")) }},
+		{"On twice", `two key options, On("customer_id") and On("region"); give every field to one On`, func() {
+			Middleware(locks, On("customer_id"), On("region"))
+		}},
+		{"OnEach twice", `two key options, OnEach("from") and OnEach("to"); give every field to one OnEach`, func() {
+			Middleware(locks, OnEach("from"), OnEach("to"))
+		}},
+		{"KeyBy twice", "two key options, KeyBy(fn) and KeyBy(fn)", func() {
+			fn := func(context.Context, *asynq.Task) (string, error) { return "k", nil }
+			Middleware(locks, KeyBy(fn), KeyBy(fn))
+		}},
+		{"For without types", "asynqmutex.For: no task type", func() { For() }},
+		{"For empty type", "asynqmutex.For: empty task type", func() { For("a", "") }},
+		{"For twice", `For("a") and For("b", "c") both given; list every task type in one For`, func() {
+			Middleware(locks, For("a"), On("id"), For("b", "c"))
+		}},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
 		{"TTL below MinTTL", "20ms", func() { TTL(3 * time.Millisecond) }},
 		{"TTL above MaxTTL", "168h0m0s", func() { TTL(math.MaxInt64) }},
@@ -396,7 +411,7 @@ func TestOptionPanics(t *testing.T) {
 		{"Scope with KeysBy", "KeysBy makes its own keys", func() {
 			Middleware(locks, Scope("a"), KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }))
 		}},
-		{"KeysBy and On", "both KeysBy and On", func() {
+		{"KeysBy and On", `two key options, KeysBy(fn) and On("a")`, func() {
 			Middleware(locks, KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }), On("a"))
 		}},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
@@ -417,6 +432,54 @@ func TestOptionPanics(t *testing.T) {
 				assert.True(t, strings.Contains(r.(string), tt.want), "panic %q does not name %s", r, tt.want)
 			}()
 			tt.f()
+		})
+	}
+}
+
+// TestForPassesOtherTypesThrough: under For, a task of another type reaches the
+// handler as it came, whatever its payload, and costs no Redis command; a task of a
+// named type is locked, and archived when its payload lacks the field.
+func TestForPassesOtherTypesThrough(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts []Option
+	}{
+		{"On", []Option{For("pay", "refund"), On("id")}},
+		{"OnEach", []Option{OnEach("from", "to"), For("pay", "refund")}},
+		{"task type key", []Option{For("pay", "refund")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			locks, m := newLocks(t)
+			ctx := context.Background()
+			var hook recorder
+			var seen []*asynq.Task
+			var locked []bool
+			h := Middleware(locks, append(tt.opts, AfterFailure(hook.hook))...)(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+				seen = append(seen, task)
+				_, ok := Fence(ctx)
+				locked = append(locked, ok)
+				return nil
+			}))
+
+			before := m.CommandCount()
+			other := asynq.NewTask("customer:sync", []byte(`not even JSON`))
+			require.NoError(t, h.ProcessTask(ctx, other))
+			assert.Equal(t, before, m.CommandCount(), "a task of another type costs no Redis command")
+			require.Len(t, seen, 1)
+			assert.Same(t, other, seen[0], "the handler gets the task itself")
+			assert.False(t, locked[0], "a task of another type runs without a lock")
+
+			require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("refund", []byte(`{"id":"r1","from":"A","to":"B"}`))))
+			require.Len(t, locked, 2)
+			assert.True(t, locked[1], "a named type runs under its lock")
+			assert.Greater(t, m.CommandCount(), before, "and that lock is taken in Redis")
+
+			if tt.name != "task type key" {
+				err := h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{}`)))
+				assert.ErrorIs(t, err, asynq.SkipRetry, "a named type whose payload lacks the field is bad input")
+				assert.Len(t, seen, 2, "and does not run")
+				assert.Len(t, hook.got(), 1)
+			}
 		})
 	}
 }

@@ -413,9 +413,12 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if err != nil {
 		var ke *keyError
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
-			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", shortkey.Quote(t.Type()), err)
+			err = &wrapError{msg: fmt.Sprintf("asynqmutex: task %s: lock key: %s", shortkey.Quote(t.Type()), oneLine(err)), err: err}
 		}
-		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
+		err = &wrapError{
+			msg: fmt.Sprintf("%s; %s archived without running: %v", oneLine(err), taskRef(id), asynq.SkipRetry),
+			err: errors.Join(err, asynq.SkipRetry),
+		}
 		m.locks.Emit(ctx, mutex.Event{Op: mutex.OpBadInput, Name: t.Type(), ID: id, Err: err})
 		m.failed(ctx, t, err)
 		return err
@@ -471,10 +474,17 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			// overlap.
 			return nil
 		}
-		return fmt.Errorf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", shortkey.Quote(t.Type()), idSuffix(id), shown, errors.Join(err, handlerErr))
+		return &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: lock%s lost while the handler ran, so another worker may have run concurrently: %s; the handler returned: %s",
+				shortkey.Quote(t.Type()), idSuffix(id), unlessNamed(err, key, keys), oneLine(err), oneLine(handlerErr)),
+			err: errors.Join(err, handlerErr),
+		}
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), showKeys(key, keys), err)
+		err = &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: taking lock%s: %s", shortkey.Quote(t.Type()), idSuffix(id), unlessNamed(err, key, keys), oneLine(err)),
+			err: err,
+		}
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -565,6 +575,31 @@ func showKeys(key string, keys []string) string {
 	return strings.Join(shown, " and ")
 }
 
+// unlessNamed is " " and the keys shown, for an error about them that wraps err,
+// from package mutex, unless err already names one of them, as mutex's errors
+// mostly do: an error names its key once.
+func unlessNamed(err error, key string, keys []string) string {
+	text := " " + err.Error() + " "
+	all := keys
+	if all == nil {
+		all = []string{key}
+	}
+	for _, k := range all {
+		for _, shown := range []string{shortkey.Show(k), shortkey.Quote(k)} {
+			if strings.Contains(text, " "+shown+" ") || strings.Contains(text, " "+shown+":") {
+				return ""
+			}
+		}
+	}
+	return " " + showKeys(key, keys)
+}
+
+// oneLine is err's text on one line: errors.Join puts each error on a line of its
+// own, which a log line or asynq's LastErr would carry as it is.
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
 // wait returns how long the task may wait for a busy key: MaxWait, or at least
 // LastTryWait on a last try under RetryLater (lastTry), and in any case ending
 // DeadlineMargin before the task's deadline.
@@ -604,7 +639,7 @@ func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, shown str
 		slog.String("task_id", shortkey.Shorten(id)),
 		slog.String("key", shown),
 		slog.String("task", outcome),
-		slog.String("error", err.Error()))
+		slog.String("error", oneLine(err)))
 }
 
 // wrapError is an error with the text msg that wraps err.

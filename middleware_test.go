@@ -282,7 +282,7 @@ func TestMiddlewareRedisDown(t *testing.T) {
 func TestMiddlewareLeaseLost(t *testing.T) {
 	locks, m := newLocks(t)
 	handlerErr := errors.New("stopped")
-	h := Middleware(locks, TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+	h := Middleware(locks, TTL(30*time.Millisecond), Logger(slog.New(slog.DiscardHandler)))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		m.Del(`asynqmutex:{["pay"]}`)
 		select {
 		case <-ctx.Done():
@@ -520,8 +520,11 @@ func TestErrorTextsBounded(t *testing.T) {
 		if err == nil {
 			return
 		}
-		if msg := err.Error(); len(msg) > bound || !strings.Contains(msg, `["pay","xxxx`) || !strings.Contains(msg, "…sha256:") {
-			t.Errorf("%s: error text is %d bytes: %.300q; want at most %d, the key shortened with a digest", what, len(msg), msg, bound)
+		// The key readable, or Go-quoted where an error of package mutex names it.
+		msg := err.Error()
+		shown := strings.Contains(msg, `["pay","xxxx`) || strings.Contains(msg, `"[\"pay\",\"xxxx`)
+		if len(msg) > bound || !shown || strings.Count(msg, "…sha256:") != 1 {
+			t.Errorf("%s: error text is %d bytes: %.300q; want at most %d, the key shortened with a digest, once", what, len(msg), msg, bound)
 		}
 	}
 	for _, p := range []Policy{Skip, Fail, RetryLater(time.Second)} {
@@ -555,7 +558,7 @@ func TestErrorTextsBounded(t *testing.T) {
 	})
 	t.Run("lease lost", func(t *testing.T) {
 		locks, m := newLocks(t)
-		h := Middleware(locks, On("id"), TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		h := Middleware(locks, On("id"), TTL(30*time.Millisecond), Logger(slog.New(slog.DiscardHandler)))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 			for _, k := range m.Keys() {
 				if strings.HasPrefix(k, "asynqmutex:{") && !strings.Contains(k, "fence") {
 					m.Del(k)
@@ -729,4 +732,73 @@ func TestMiddlewareBusySetNamesEachKeyOnce(t *testing.T) {
 	require.ErrorAs(t, rec.got()[0], &le)
 	assert.Equal(t, []string{"a", "b"}, le.Keys, "a key given twice is one key")
 	assert.Equal(t, "b", le.Key, "the busy one")
+}
+
+// TestErrorsNameKeyOnceOnOneLine: whatever the middleware returns or hands to
+// AfterFailure names the key once, readable, on one line, also where it wraps an
+// error of package mutex (which names the key itself) or one joined from several.
+func TestErrorsNameKeyOnceOnOneLine(t *testing.T) {
+	task := asynq.NewTask("order:ship", []byte(`{"order_id":"o-1"}`))
+	const key = `["order:ship","o-1"]`
+	check := func(t *testing.T, err error, wants ...string) {
+		t.Helper()
+		require.Error(t, err)
+		msg := err.Error()
+		assert.NotContains(t, msg, "\n", "one line")
+		assert.Equal(t, 1, strings.Count(msg, "o-1"), "the key once: %s", msg)
+		assert.Equal(t, 1, strings.Count(msg, key)+strings.Count(msg, `"[\"order:ship\",\"o-1\"]"`), "the key shown whole: %s", msg)
+		for _, w := range wants {
+			assert.Contains(t, msg, w)
+		}
+	}
+	t.Run("Redis down", func(t *testing.T) {
+		locks, m := newLocks(t)
+		m.Close()
+		var rec recorder
+		err := Middleware(locks, On("order_id"), AfterFailure(rec.hook))(mustNotRun(t)).ProcessTask(context.Background(), task)
+		check(t, err, `task "order:ship"`, "taking lock")
+		require.Len(t, rec.got(), 1)
+		check(t, rec.got()[0])
+	})
+	t.Run("cancelled while waiting", func(t *testing.T) {
+		locks, _ := newLocks(t)
+		held, err := locks.TryLock(context.Background(), key, time.Minute)
+		require.NoError(t, err)
+		defer held.Unlock(context.Background())
+		ctx, cancel := context.WithCancel(context.Background())
+		h := Middleware(locks, On("order_id"), MaxWait(time.Minute), Logger(slog.New(slog.DiscardHandler)))(mustNotRun(t))
+		done := make(chan error, 1)
+		go func() { done <- h.ProcessTask(ctx, task) }()
+		require.Eventually(t, func() bool {
+			in, err := locks.Inspect(context.Background(), key)
+			return err == nil && in.Waiting == 1
+		}, 10*time.Second, time.Millisecond, "the task queues for the key")
+		cancel()
+		err = <-done
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.ErrorIs(t, err, mutex.ErrNotObtained)
+		check(t, err, "taking lock")
+	})
+	t.Run("lease lost", func(t *testing.T) {
+		locks, m := newLocks(t)
+		handlerErr := errors.New("stopped")
+		h := Middleware(locks, On("order_id"), TTL(30*time.Millisecond), Logger(slog.New(slog.DiscardHandler)))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			m.Del(`asynqmutex:{` + key + `}`)
+			<-ctx.Done()
+			return handlerErr
+		}))
+		err := h.ProcessTask(context.Background(), task)
+		assert.ErrorIs(t, err, mutex.ErrNotHeld)
+		assert.ErrorIs(t, err, handlerErr)
+		check(t, err, "lost while the handler ran", "the handler returned: stopped")
+	})
+	t.Run("busy", func(t *testing.T) {
+		locks, _ := newLocks(t)
+		held, err := locks.TryLock(context.Background(), key, time.Minute)
+		require.NoError(t, err)
+		defer held.Unlock(context.Background())
+		err = Middleware(locks, On("order_id"), OnConflict(RetryLater(time.Second)))(mustNotRun(t)).ProcessTask(context.Background(), task)
+		check(t, err, "held by another task; retry in 1s")
+		assert.NotContains(t, err.Error(), "if the server", "LockedError states its delay, without doubt")
+	})
 }

@@ -126,10 +126,10 @@ type LockedError struct {
 	since     time.Duration // with caps: since the first conflict
 }
 
-// Error names the task and the key, shortened past 100 bytes (with a digest), and
-// the delay asked for, or the reschedule cap reached. Only a server set up with
-// Configure retries after RetryIn; without it asynq's own backoff applies, and the
-// text says so.
+// Error names the task and the key, shortened past 100 bytes (with a digest), on
+// one line, and the delay asked for, or the reschedule cap reached. The delay is
+// RetryIn, which a server set up with Configure keeps; without Configure asynq's
+// own backoff applies instead, and the conflict spends a retry.
 func (e *LockedError) Error() string {
 	what := "lock " + shortkey.Show(e.Key) + " is"
 	if e.Keys != nil {
@@ -148,7 +148,7 @@ func (e *LockedError) Error() string {
 	case e.archived:
 		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
 	case e.RetryIn > 0:
-		msg += fmt.Sprintf("; retry in %v if the server uses asynqmutex.Configure", e.RetryIn)
+		msg += fmt.Sprintf("; retry in %v", e.RetryIn)
 	}
 	return msg
 }

@@ -22,6 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	redistest.QuietRedisLogs()
 	// run closes every client it opens; a goroutine left behind would be a leak in
 	// a long-running caller too.
 	goleak.VerifyTestMain(m)

@@ -173,7 +173,8 @@ func run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if !strings.Contains(listed, "invoice:send "+first+" on ") {
+	// list shows the task ID's first 8 characters; show gives it whole.
+	if !strings.Contains(listed, "  "+first[:8]+"… on ") {
 		return fmt.Errorf("list does not name task %s as the holder", first)
 	}
 

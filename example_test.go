@@ -335,8 +335,11 @@ func ExampleMaxReschedules() {
 	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
 	defer rdb.Close()
 
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmutex.Middleware(mutex.New(rdb), asynqmutex.On("transaction_id"),
+	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("payment:capture"), asynqmutex.On("transaction_id"),
 		asynqmutex.OnConflict(asynqmutex.RetryLater(10*time.Second)),
 		asynqmutex.MaxReschedules(20),           // at most 20 reschedules, and/or
 		asynqmutex.MaxRescheduleTime(time.Hour), // none once an hour has passed since the first conflict

@@ -284,15 +284,15 @@ func OnConflict(p Policy) Option {
 // five tasks of each tenant run at a time; with Limit alone, at most n tasks of the
 // type run in the whole fleet. A task beyond the limit is handled as one whose key is
 // busy: it waits up to MaxWait, woken when a running task of its key finishes, and
-// then the OnConflict policy applies. Each running task holds a slot of its own
-// (mutex.Limit), with its own lease, renewal and fence. The default is 1.
+// then the OnConflict policy applies. Each running task has its own lease and fence
+// (see mutex.Limit). With Scope, the tasks of several types share the n slots. The
+// default is 1.
 //
 // Every middleware that takes a key must use the same n while tasks hold it: a task
-// that meets another limit (during a rolling deploy that changes n, say) fails with an
-// ordinary, retryable error wrapping *mutex.LimitError, which names both limits, and
-// AfterFailure is called. Limit panics if n is below 1 or above mutex.MaxLimit;
-// Middleware panics if Limit(n > 1) is given with OnEach or KeysBy, whose tasks hold
-// several keys. With Scope, the tasks of several types share the n slots.
+// that meets another limit (a rolling deploy that changes n, say) fails with an
+// ordinary, retryable error wrapping *mutex.LimitError, and AfterFailure is called.
+// Limit panics if n is below 1 or above mutex.MaxLimit; Middleware panics if
+// Limit(n > 1) is given with OnEach or KeysBy, whose tasks hold several keys.
 func Limit(n int) Option {
 	if n < 1 || n > mutex.MaxLimit {
 		panic(fmt.Sprintf("asynqmutex.Limit: limit %d outside [1, %d] (mutex.MaxLimit)", n, mutex.MaxLimit))

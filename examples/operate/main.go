@@ -95,6 +95,7 @@ func run(ctx context.Context, w io.Writer) error {
 	)
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("invoice:send"),
 		asynqmutex.On("invoice_id"),
 		asynqmutex.TTL(3*time.Second),      // renewed every second while the handler runs
 		asynqmutex.MaxWait(30*time.Second), // a second task for the invoice waits

@@ -96,7 +96,7 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	case "show":
 		return conn.explain(show(ctx, conn.locks, key, inv.givenKey(), out))
 	default: // release
-		return conn.explain(release(ctx, conn.locks, key, out, stderr))
+		return conn.explain(release(ctx, conn.locks, key, inv.givenKey(), out, stderr))
 	}
 }
 

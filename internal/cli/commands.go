@@ -71,6 +71,16 @@ func show(ctx context.Context, locks *mutex.Client, key, given string, p *printe
 	if err != nil {
 		return err
 	}
+	if !in.Held && given != "" && given != key {
+		// A key of KeyBy's that only looks like the middleware's, held as typed.
+		asGiven, err := locks.Inspect(ctx, given)
+		if err != nil {
+			return err
+		}
+		if asGiven.Held {
+			in, key = asGiven, given
+		}
+	}
 	var near *nearby
 	if !in.Held {
 		if near, err = findNearby(ctx, locks, key); err != nil {
@@ -132,10 +142,21 @@ func show(ctx context.Context, locks *mutex.Client, key, given string, p *printe
 // release frees the lock on key by force and says what happened to it. Finding
 // nobody holding it is a failure: nothing was done, and a mistyped key is the
 // likeliest cause.
-func release(ctx context.Context, locks *mutex.Client, key string, p *printer, stderr io.Writer) error {
+func release(ctx context.Context, locks *mutex.Client, key, given string, p *printer, stderr io.Writer) error {
 	r, err := locks.ForceRelease(ctx, key)
 	if err != nil {
 		return err
+	}
+	if !r.Before.Held && !r.Repeated && given != "" && given != key {
+		// A key of KeyBy's that only looks like the middleware's, held as typed. A
+		// release of a free key changes nothing, so trying both forms is safe.
+		asGiven, err := locks.ForceRelease(ctx, given)
+		if err != nil {
+			return err
+		}
+		if asGiven.Before.Held || asGiven.Repeated {
+			r, key = asGiven, given
+		}
 	}
 	before, handedTo := r.Before, r.Fence
 	var near *nearby

@@ -18,6 +18,8 @@ import (
 // task type and scalar values written another way ('["count:num", 42]', with a
 // space, or a string with escapes): the form an operator types is then the one
 // Redis holds. Any other key, or one that is not such an array, comes back as given.
+// show and release fall back to the key as given when nobody holds its normal form,
+// for a KeyBy key that only looks like the middleware's.
 func normalKey(key string) string {
 	typ, values, ok := splitKey(key)
 	if !ok {

@@ -80,6 +80,16 @@ func TestNearMiss(t *testing.T) {
 		t.Errorf("show of a task type nobody holds:\n%s\nwant the count of held keys", r.stdout)
 	}
 
+	// A key of KeyBy's that only looks like the middleware's is found as typed.
+	custom := `["custom", 1]`
+	lock(t, locks, custom, "custom", "task-3")
+	if r := mustRun(t, "show", uri, custom); !strings.Contains(r.stdout, "State:       held\n") || !strings.Contains(r.stdout, "Key:         "+custom+"\n") {
+		t.Errorf("show of a held key that looks like the middleware's:\n%s\nwant it held, as typed", r.stdout)
+	}
+	if r := mustRun(t, "release", "--force", uri, custom); !strings.Contains(r.stdout, "Released "+custom) {
+		t.Errorf("release --force of a held key that looks like the middleware's:\n%s\nwant it released", r.stdout)
+	}
+
 	// A space inside the array finds the key to release too.
 	r = mustRun(t, "release", "--force", uri, `[ "count:num" , 42 ]`)
 	if !strings.Contains(r.stdout, "Released "+held) {

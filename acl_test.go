@@ -16,13 +16,13 @@ import (
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
-// capACLRules are what a worker needs beyond the lock's worker rules (README,
-// Safety) for MaxReschedules and MaxRescheduleTime: the commands reschedule.lua and
-// clearRecord send that the lock's do not. The README quotes them.
+// capACLRules are what a worker needs beyond the lock's worker rules (docs/operating.md,
+// Redis ACL) for MaxReschedules and MaxRescheduleTime: the commands reschedule.lua and
+// clearRecord send that the lock's do not. docs/operating.md quotes them.
 const capACLRules = "+hmget +hset +del"
 
 // TestRescheduleRecordUnderWorkerACL counts, reads and clears a task's record as a
-// Redis user that has the README's worker rules and capACLRules, and nothing else.
+// Redis user that has the documented worker rules and capACLRules, and nothing else.
 func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -50,19 +50,32 @@ func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
 	assert.ErrorContains(t, err, "can't run this command", "the rules are what the script needs")
 }
 
-// workerRulesFromREADME is the worker's part of the ACL rules the README quotes.
+// workerRulesFromREADME is the worker's part of the ACL rules that docs/operating.md
+// quotes and explains; the README quotes the same lines, and package mutex's tests
+// check them against what its scripts need.
 func workerRulesFromREADME(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
-	require.NoError(t, err)
-	text := string(b)
-	i := strings.Index(text, "ACL SETUSER locker on >password ")
-	require.GreaterOrEqual(t, i, 0, "the README quotes the ACL rules")
-	require.Contains(t, text[i:], "\n  "+capACLRules+"\n", "the README quotes capACLRules")
-	lines := strings.Split(text[i:], "\n")
+	block := aclBlock(t, "docs/operating.md")
+	require.Equal(t, block, aclBlock(t, "README.md"), "the README quotes the ACL rules of docs/operating.md")
+	require.Contains(t, block, "\n  "+capACLRules+"\n", "docs/operating.md quotes capACLRules")
+	lines := strings.Split(block, "\n")
 	// The rest of the first line and the next two: the rules of every worker (the
 	// lines after them are for Limit(n), for reschedule caps and for operators).
 	return strings.TrimPrefix(lines[0], "ACL SETUSER locker on >password ") + " " + lines[1] + " " + lines[2]
+}
+
+// aclBlock is the ACL SETUSER command the Markdown file at path quotes, up to the end
+// of its code block.
+func aclBlock(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	text := string(b)
+	i := strings.Index(text, "ACL SETUSER locker on >password ")
+	require.GreaterOrEqual(t, i, 0, "%s quotes the ACL rules", path)
+	end := strings.Index(text[i:], "```")
+	require.Greater(t, end, 0, "%s: the ACL rules end their code block", path)
+	return text[i : i+end]
 }
 
 func anys(s []string) []any {

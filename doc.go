@@ -30,12 +30,16 @@
 //	locks := mutex.New(redisOpt.MakeRedisClient().(redis.UniversalClient))
 //	srv := asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{Concurrency: 10}))
 //	mux := asynq.NewServeMux()
-//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.On("transaction_id")))
+//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("payment:capture"), asynqmutex.On("transaction_id")))
 //	mux.HandleFunc("payment:capture", func(ctx context.Context, t *asynq.Task) error {
 //		fence, _ := asynqmutex.Fence(ctx) // pass to the resource: it rejects stale writers
 //		return capture(ctx, t, fence)
 //	})
 //	err := srv.Run(mux)
+//
+// For names the task types the middleware is for; other task types on the mux pass
+// through untouched. Without For, mux.Use applies the key to every task type on the
+// mux, and one whose payload lacks the field is archived as bad input.
 //
 // Safety: a lock on one Redis is an efficiency lock. It keeps concurrent runs out
 // nearly always, but a worker paused past its lease, a failover that loses the key, or

@@ -114,6 +114,42 @@ func ExampleMiddleware() {
 	// archived: true
 }
 
+// For names the task types the middleware is for: on a mux that serves other task
+// types too, those pass through to their handlers untouched.
+func ExampleFor() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
+	mux := asynq.NewServeMux()
+	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("payment:capture"), asynqmutex.On("transaction_id")))
+	mux.HandleFunc("payment:capture", func(ctx context.Context, t *asynq.Task) error {
+		_, locked := asynqmutex.Fence(ctx)
+		fmt.Printf("capture %s, locked: %v\n", t.Payload(), locked)
+		return nil
+	})
+	mux.HandleFunc("customer:sync", func(ctx context.Context, t *asynq.Task) error {
+		_, locked := asynqmutex.Fence(ctx)
+		fmt.Printf("sync %s, locked: %v\n", t.Payload(), locked)
+		return nil
+	})
+
+	ctx := context.Background()
+	fmt.Println(mux.ProcessTask(ctx, asynq.NewTask("payment:capture", []byte(`{"transaction_id":"tx-1"}`))))
+	fmt.Println(mux.ProcessTask(ctx, asynq.NewTask("customer:sync", []byte(`{"customer_id":7}`))))
+	// Output:
+	// capture {"transaction_id":"tx-1"}, locked: true
+	// <nil>
+	// sync {"customer_id":7}, locked: false
+	// <nil>
+}
+
 // Tasks whose fields are equal exclude each other; others do not. Here the handler
 // of one task tries to run two more while it holds its key.
 func ExampleOn() {
@@ -299,8 +335,11 @@ func ExampleMaxReschedules() {
 	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
 	defer rdb.Close()
 
+	locks := mutex.New(rdb)
+	defer locks.Close()
+
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmutex.Middleware(mutex.New(rdb), asynqmutex.On("transaction_id"),
+	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("payment:capture"), asynqmutex.On("transaction_id"),
 		asynqmutex.OnConflict(asynqmutex.RetryLater(10*time.Second)),
 		asynqmutex.MaxReschedules(20),           // at most 20 reschedules, and/or
 		asynqmutex.MaxRescheduleTime(time.Hour), // none once an hour has passed since the first conflict

@@ -52,7 +52,8 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	key      KeyFunc  // one key per task
 	keys     KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
-	keySetBy string   // the option that set key or keys, to refuse two
+	keySetBy string   // the option that set key or keys: On, OnEach, KeyBy, KeysBy
+	keyCall  string   // that option as called, On("id"), to name it when refusing a second
 	fields   []string // On's or OnEach's fields: key or keys are made from them in Middleware
 	scope    string   // Scope: the name in keys instead of the task type
 	ttl      time.Duration
@@ -69,6 +70,9 @@ type config struct {
 	observe func(context.Context, Event) // nil: no observer (see Observe)
 
 	limit int // tasks per key at once
+
+	types   map[string]bool // For's task types; nil: every task
+	forCall string          // For as called, to name it when refusing a second
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -76,34 +80,89 @@ type config struct {
 // the field id inside the object customer). A value must be a string, a number, a
 // boolean or null; see KeyFunc for the key's exact form. Without On or KeyBy the key
 // is the task type alone: at most one task of each type runs at a time. Scope
-// shares keys between task types. A task whose
-// payload is not a JSON object, lacks a field, or holds an object, an array or a
-// string that is not UTF-8 there, is archived at once with an error naming the field
-// (see Middleware). On panics if no field is given or a name is empty.
+// shares keys between task types.
+//
+// A task whose payload is not a JSON object, lacks a field, or holds an object, an
+// array or a string that is not UTF-8 there, is archived at once with an error
+// naming the field (see Middleware). That holds for every task the middleware
+// wraps: under mux.Use, without For, it wraps every task type on the mux, and a task
+// type whose payload lacks the field is archived without running. Name the task
+// types with For, or wrap their handlers alone.
+//
+// On panics if no field is given or a name is empty. Give every field to one On:
+// Middleware panics on a second key option (On, OnEach, KeyBy, KeysBy), naming both,
+// rather than keep one of them.
 func On(fields ...string) Option {
 	if len(fields) == 0 {
 		panic("asynqmutex.On: no field given")
 	}
 	validateFields("asynqmutex.On", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("On", nil, nil); c.fields = fields })
+	call := callText("On", fields)
+	return optionFunc(func(c *config) { c.setKey("On", call, nil, nil); c.fields = fields })
+}
+
+// For makes the middleware apply to tasks of these types only: a task of any other
+// type goes straight to the next handler, untouched, at the cost of a map lookup and
+// no Redis command. It is what makes mux.Use safe on a mux that serves other task
+// types, whose payloads need not hold On's fields:
+//
+//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("payment:capture"), asynqmutex.On("transaction_id")))
+//
+// The default is every task the middleware wraps. For panics if no type is given or
+// a type is empty; Middleware panics if For is given twice, naming both: list every
+// type in one For.
+func For(taskTypes ...string) Option {
+	if len(taskTypes) == 0 {
+		panic("asynqmutex.For: no task type given")
+	}
+	types := make(map[string]bool, len(taskTypes))
+	for _, typ := range taskTypes {
+		if typ == "" {
+			panic("asynqmutex.For: empty task type")
+		}
+		types[typ] = true
+	}
+	call := callText("For", taskTypes)
+	return optionFunc(func(c *config) {
+		if c.forCall != "" {
+			panic("asynqmutex.Middleware: " + c.forCall + " and " + call + " both given; list every task type in one For")
+		}
+		c.types, c.forCall = types, call
+	})
+}
+
+// callText is an option as it was called, For("a", "b"), for panics that name it.
+func callText(name string, args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = shortkey.Quote(a)
+	}
+	return name + "(" + strings.Join(quoted, ", ") + ")"
 }
 
 // KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
 // or an empty key, archives the task as a malformed payload does. KeyBy panics if fn
-// is nil.
+// is nil; Middleware panics if another key option (On, OnEach, KeyBy, KeysBy) is
+// given too.
 func KeyBy(fn KeyFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeyBy: nil KeyFunc")
 	}
-	return optionFunc(func(c *config) { c.setKey("KeyBy", fn, nil) })
+	return optionFunc(func(c *config) { c.setKey("KeyBy", "KeyBy(fn)", fn, nil) })
 }
 
-func (c *config) setKey(by string, one KeyFunc, several KeysFunc) {
-	if c.keySetBy != "" && c.keySetBy != by {
-		panic("asynqmutex.Middleware: both " + c.keySetBy + " and " + by + " given; use one")
+// setKey records the key option by (called as call). A second key option panics,
+// naming both: keeping either would drop fields or keys the caller asked for.
+func (c *config) setKey(by, call string, one KeyFunc, several KeysFunc) {
+	if c.keySetBy != "" {
+		hint := "give one"
+		if c.keySetBy == by && (by == "On" || by == "OnEach") {
+			hint = "give every field to one " + by
+		}
+		panic("asynqmutex.Middleware: two key options, " + c.keyCall + " and " + call + "; " + hint)
 	}
-	c.key, c.keys, c.keySetBy, c.fields = one, several, by, nil
+	c.key, c.keys, c.keySetBy, c.keyCall, c.fields = one, several, by, call, nil
 }
 
 // keyFuncs sets key or keys once all options are in: from On's or OnEach's fields,
@@ -161,26 +220,28 @@ type KeysFunc func(ctx context.Context, t *asynq.Task) ([]string, error)
 // order (see mutex.Client.LockKeys); the price is that a task waiting for a busy key
 // (MaxWait) keeps the keys before it meanwhile, so tasks on those meet a busy key.
 // On Redis Cluster each key costs a round trip.
-// OnEach panics if no field is given or a name is empty; it cannot be combined with
-// On, KeyBy or KeysBy.
+// OnEach panics if no field is given or a name is empty. Give every field to one
+// OnEach: Middleware panics on a second key option (On, OnEach, KeyBy, KeysBy),
+// naming both. As with On, give For when the middleware wraps other task types.
 func OnEach(fields ...string) Option {
 	if len(fields) == 0 {
 		panic("asynqmutex.OnEach: no field given")
 	}
 	validateFields("asynqmutex.OnEach", fields)
 	fields = append([]string(nil), fields...)
-	return optionFunc(func(c *config) { c.setKey("OnEach", nil, nil); c.fields = fields })
+	call := callText("OnEach", fields)
+	return optionFunc(func(c *config) { c.setKey("OnEach", call, nil, nil); c.fields = fields })
 }
 
 // KeysBy makes fn derive several lock keys per task, held all at once, for sets
 // OnEach cannot express (see KeysFunc). An error from fn, no key, or an empty key
-// archives the task as a malformed payload does. KeysBy panics if fn is nil; it
-// cannot be combined with On, KeyBy or OnEach.
+// archives the task as a malformed payload does. KeysBy panics if fn is nil;
+// Middleware panics if another key option (On, OnEach, KeyBy, KeysBy) is given too.
 func KeysBy(fn KeysFunc) Option {
 	if fn == nil {
 		panic("asynqmutex.KeysBy: nil KeysFunc")
 	}
-	return optionFunc(func(c *config) { c.setKey("KeysBy", nil, fn) })
+	return optionFunc(func(c *config) { c.setKey("KeysBy", "KeysBy(fn)", nil, fn) })
 }
 
 // TTL sets the lease of a task's lock. The middleware renews it every d/3 while the
@@ -224,15 +285,15 @@ func OnConflict(p Policy) Option {
 // five tasks of each tenant run at a time; with Limit alone, at most n tasks of the
 // type run in the whole fleet. A task beyond the limit is handled as one whose key is
 // busy: it waits up to MaxWait, woken when a running task of its key finishes, and
-// then the OnConflict policy applies. Each running task holds a slot of its own
-// (mutex.Limit), with its own lease, renewal and fence. The default is 1.
+// then the OnConflict policy applies. Each running task has its own lease and fence
+// (see mutex.Limit). With Scope, the tasks of several types share the n slots. The
+// default is 1.
 //
 // Every middleware that takes a key must use the same n while tasks hold it: a task
-// that meets another limit (during a rolling deploy that changes n, say) fails with an
-// ordinary, retryable error wrapping *mutex.LimitError, which names both limits, and
-// AfterFailure is called. Limit panics if n is below 1 or above mutex.MaxLimit;
-// Middleware panics if Limit(n > 1) is given with OnEach or KeysBy, whose tasks hold
-// several keys. With Scope, the tasks of several types share the n slots.
+// that meets another limit (a rolling deploy that changes n, say) fails with an
+// ordinary, retryable error wrapping *mutex.LimitError, and AfterFailure is called.
+// Limit panics if n is below 1 or above mutex.MaxLimit; Middleware panics if
+// Limit(n > 1) is given with OnEach or KeysBy, whose tasks hold several keys.
 func Limit(n int) Option {
 	if n < 1 || n > mutex.MaxLimit {
 		panic(fmt.Sprintf("asynqmutex.Limit: limit %d outside [1, %d] (mutex.MaxLimit)", n, mutex.MaxLimit))
@@ -272,7 +333,10 @@ func Logger(l *slog.Logger) Option {
 // on the task's key (see On, OnEach, KeyBy, KeysBy and Scope), so tasks with equal
 // keys never run at the same time (or no more than n at a time, with Limit) on any
 // worker that shares the lock Redis, while tasks with other keys run in parallel. Use
-// it with mux.Use(...) or Middleware(...)(handler).
+// it on the handlers it is for, Middleware(...)(handler), or with mux.Use(...) and
+// For naming their task types. It applies to every task it wraps unless For says
+// otherwise: under mux.Use without For that is every task type on the mux, and a
+// type whose payload lacks On's fields is archived without running.
 //
 // Per task: derive the key; take the lock, waiting up to MaxWait; run the handler
 // while the lease is renewed every TTL/3; release; return the handler's result
@@ -321,6 +385,14 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 		if next == nil {
 			panic("asynqmutex.Middleware: nil handler")
 		}
+		if m.types != nil {
+			return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+				if !m.types[t.Type()] {
+					return next.ProcessTask(ctx, t)
+				}
+				return m.process(ctx, t, next)
+			})
+		}
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			return m.process(ctx, t, next)
 		})
@@ -342,9 +414,12 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if err != nil {
 		var ke *keyError
 		if !errors.As(err, &ke) { // a KeyBy error need not name the task
-			err = fmt.Errorf("asynqmutex: task %s: lock key: %w", shortkey.Quote(t.Type()), err)
+			err = &wrapError{msg: fmt.Sprintf("asynqmutex: task %s: lock key: %s", shortkey.Quote(t.Type()), oneLine(err)), err: err}
 		}
-		err = fmt.Errorf("%w; %s archived without running: %w", err, taskRef(id), asynq.SkipRetry)
+		err = &wrapError{
+			msg: fmt.Sprintf("%s; %s archived without running: %v", oneLine(err), taskRef(id), asynq.SkipRetry),
+			err: errors.Join(err, asynq.SkipRetry),
+		}
 		m.emit(ctx, Event{Op: OpBadInput, TaskType: t.Type(), TaskID: id, Err: err})
 		m.failed(ctx, t, err)
 		return err
@@ -400,10 +475,17 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			// overlap.
 			return nil
 		}
-		return fmt.Errorf("asynqmutex: task %s%s: lock %s was lost while the handler ran, so another worker may have run concurrently: %w", shortkey.Quote(t.Type()), idSuffix(id), shown, errors.Join(err, handlerErr))
+		return &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: lock%s lost while the handler ran, so another worker may have run concurrently: %s; the handler returned: %s",
+				shortkey.Quote(t.Type()), idSuffix(id), unlessNamed(err, key, keys), oneLine(err), oneLine(handlerErr)),
+			err: errors.Join(err, handlerErr),
+		}
 	}
 	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
-		err = fmt.Errorf("asynqmutex: task %s%s: taking lock %s: %w", shortkey.Quote(t.Type()), idSuffix(id), showKeys(key, keys), err)
+		err = &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: taking lock%s: %s", shortkey.Quote(t.Type()), idSuffix(id), unlessNamed(err, key, keys), oneLine(err)),
+			err: err,
+		}
 		m.failed(ctx, t, err)
 		return err
 	}
@@ -494,6 +576,31 @@ func showKeys(key string, keys []string) string {
 	return strings.Join(shown, " and ")
 }
 
+// unlessNamed is " " and the keys shown, for an error about them that wraps err,
+// from package mutex, unless err already names one of them, as mutex's errors
+// mostly do: an error names its key once.
+func unlessNamed(err error, key string, keys []string) string {
+	text := " " + err.Error() + " "
+	all := keys
+	if all == nil {
+		all = []string{key}
+	}
+	for _, k := range all {
+		for _, shown := range []string{shortkey.Show(k), shortkey.Quote(k)} {
+			if strings.Contains(text, " "+shown+" ") || strings.Contains(text, " "+shown+":") {
+				return ""
+			}
+		}
+	}
+	return " " + showKeys(key, keys)
+}
+
+// oneLine is err's text on one line: errors.Join puts each error on a line of its
+// own, which a log line or asynq's LastErr would carry as it is.
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
 // wait returns how long the task may wait for a busy key: MaxWait, or at least
 // LastTryWait on a last try under RetryLater (lastTry), and in any case ending
 // DeadlineMargin before the task's deadline.
@@ -533,7 +640,7 @@ func (m *middleware) leaseLost(ctx context.Context, t *asynq.Task, id, shown str
 		slog.String("task_id", shortkey.Shorten(id)),
 		slog.String("key", shown),
 		slog.String("task", outcome),
-		slog.String("error", err.Error()))
+		slog.String("error", oneLine(err)))
 }
 
 // wrapError is an error with the text msg that wraps err.

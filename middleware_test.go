@@ -282,7 +282,7 @@ func TestMiddlewareRedisDown(t *testing.T) {
 func TestMiddlewareLeaseLost(t *testing.T) {
 	locks, m := newLocks(t)
 	handlerErr := errors.New("stopped")
-	h := Middleware(locks, TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+	h := Middleware(locks, TTL(30*time.Millisecond), Logger(slog.New(slog.DiscardHandler)))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		m.Del(`asynqmutex:{["pay"]}`)
 		select {
 		case <-ctx.Done():
@@ -380,7 +380,22 @@ func TestOptionPanics(t *testing.T) {
 		{"Scope with KeyBy", "KeyBy makes its own keys", func() {
 			Middleware(locks, Scope("a"), KeyBy(func(context.Context, *asynq.Task) (string, error) { return "", nil }))
 		}},
-		{"On and OnEach", "both On and OnEach", func() { Middleware(locks, On("a"), OnEach("b")) }},
+		{"On and OnEach", `two key options, On("a") and OnEach("b"); give one`, func() { Middleware(locks, On("a"), OnEach("b")) }},
+		{"On twice", `two key options, On("customer_id") and On("region"); give every field to one On`, func() {
+			Middleware(locks, On("customer_id"), On("region"))
+		}},
+		{"OnEach twice", `two key options, OnEach("from") and OnEach("to"); give every field to one OnEach`, func() {
+			Middleware(locks, OnEach("from"), OnEach("to"))
+		}},
+		{"KeyBy twice", "two key options, KeyBy(fn) and KeyBy(fn)", func() {
+			fn := func(context.Context, *asynq.Task) (string, error) { return "k", nil }
+			Middleware(locks, KeyBy(fn), KeyBy(fn))
+		}},
+		{"For without types", "asynqmutex.For: no task type", func() { For() }},
+		{"For empty type", "asynqmutex.For: empty task type", func() { For("a", "") }},
+		{"For twice", `For("a") and For("b", "c") both given; list every task type in one For`, func() {
+			Middleware(locks, For("a"), On("id"), For("b", "c"))
+		}},
 		{"TTL", "asynqmutex.TTL", func() { TTL(0) }},
 		{"TTL below MinTTL", "20ms", func() { TTL(3 * time.Millisecond) }},
 		{"TTL above MaxTTL", "168h0m0s", func() { TTL(math.MaxInt64) }},
@@ -396,7 +411,7 @@ func TestOptionPanics(t *testing.T) {
 		{"Scope with KeysBy", "KeysBy makes its own keys", func() {
 			Middleware(locks, Scope("a"), KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }))
 		}},
-		{"KeysBy and On", "both KeysBy and On", func() {
+		{"KeysBy and On", `two key options, KeysBy(fn) and On("a")`, func() {
 			Middleware(locks, KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }), On("a"))
 		}},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
@@ -417,6 +432,54 @@ func TestOptionPanics(t *testing.T) {
 				assert.True(t, strings.Contains(r.(string), tt.want), "panic %q does not name %s", r, tt.want)
 			}()
 			tt.f()
+		})
+	}
+}
+
+// TestForPassesOtherTypesThrough: under For, a task of another type reaches the
+// handler as it came, whatever its payload, and costs no Redis command; a task of a
+// named type is locked, and archived when its payload lacks the field.
+func TestForPassesOtherTypesThrough(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts []Option
+	}{
+		{"On", []Option{For("pay", "refund"), On("id")}},
+		{"OnEach", []Option{OnEach("from", "to"), For("pay", "refund")}},
+		{"task type key", []Option{For("pay", "refund")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			locks, m := newLocks(t)
+			ctx := context.Background()
+			var hook recorder
+			var seen []*asynq.Task
+			var locked []bool
+			h := Middleware(locks, append(tt.opts, AfterFailure(hook.hook))...)(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+				seen = append(seen, task)
+				_, ok := Fence(ctx)
+				locked = append(locked, ok)
+				return nil
+			}))
+
+			before := m.CommandCount()
+			other := asynq.NewTask("customer:sync", []byte(`not even JSON`))
+			require.NoError(t, h.ProcessTask(ctx, other))
+			assert.Equal(t, before, m.CommandCount(), "a task of another type costs no Redis command")
+			require.Len(t, seen, 1)
+			assert.Same(t, other, seen[0], "the handler gets the task itself")
+			assert.False(t, locked[0], "a task of another type runs without a lock")
+
+			require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("refund", []byte(`{"id":"r1","from":"A","to":"B"}`))))
+			require.Len(t, locked, 2)
+			assert.True(t, locked[1], "a named type runs under its lock")
+			assert.Greater(t, m.CommandCount(), before, "and that lock is taken in Redis")
+
+			if tt.name != "task type key" {
+				err := h.ProcessTask(ctx, asynq.NewTask("pay", []byte(`{}`)))
+				assert.ErrorIs(t, err, asynq.SkipRetry, "a named type whose payload lacks the field is bad input")
+				assert.Len(t, seen, 2, "and does not run")
+				assert.Len(t, hook.got(), 1)
+			}
 		})
 	}
 }
@@ -457,8 +520,11 @@ func TestErrorTextsBounded(t *testing.T) {
 		if err == nil {
 			return
 		}
-		if msg := err.Error(); len(msg) > bound || !strings.Contains(msg, `["pay","xxxx`) || !strings.Contains(msg, "…sha256:") {
-			t.Errorf("%s: error text is %d bytes: %.300q; want at most %d, the key shortened with a digest", what, len(msg), msg, bound)
+		// The key readable, or Go-quoted where an error of package mutex names it.
+		msg := err.Error()
+		shown := strings.Contains(msg, `["pay","xxxx`) || strings.Contains(msg, `"[\"pay\",\"xxxx`)
+		if len(msg) > bound || !shown || strings.Count(msg, "…sha256:") != 1 {
+			t.Errorf("%s: error text is %d bytes: %.300q; want at most %d, the key shortened with a digest, once", what, len(msg), msg, bound)
 		}
 	}
 	for _, p := range []Policy{Skip, Fail, RetryLater(time.Second)} {
@@ -492,7 +558,7 @@ func TestErrorTextsBounded(t *testing.T) {
 	})
 	t.Run("lease lost", func(t *testing.T) {
 		locks, m := newLocks(t)
-		h := Middleware(locks, On("id"), TTL(30*time.Millisecond))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		h := Middleware(locks, On("id"), TTL(30*time.Millisecond), Logger(slog.New(slog.DiscardHandler)))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 			for _, k := range m.Keys() {
 				if strings.HasPrefix(k, "asynqmutex:{") && !strings.Contains(k, "fence") {
 					m.Del(k)
@@ -678,4 +744,73 @@ func TestMiddlewareBusySetNamesEachKeyOnce(t *testing.T) {
 	require.ErrorAs(t, rec.got()[0], &le)
 	assert.Equal(t, []string{"a", "b"}, le.Keys, "a key given twice is one key")
 	assert.Equal(t, "b", le.Key, "the busy one")
+}
+
+// TestErrorsNameKeyOnceOnOneLine: whatever the middleware returns or hands to
+// AfterFailure names the key once, readable, on one line, also where it wraps an
+// error of package mutex (which names the key itself) or one joined from several.
+func TestErrorsNameKeyOnceOnOneLine(t *testing.T) {
+	task := asynq.NewTask("order:ship", []byte(`{"order_id":"o-1"}`))
+	const key = `["order:ship","o-1"]`
+	check := func(t *testing.T, err error, wants ...string) {
+		t.Helper()
+		require.Error(t, err)
+		msg := err.Error()
+		assert.NotContains(t, msg, "\n", "one line")
+		assert.Equal(t, 1, strings.Count(msg, "o-1"), "the key once: %s", msg)
+		assert.Equal(t, 1, strings.Count(msg, key)+strings.Count(msg, `"[\"order:ship\",\"o-1\"]"`), "the key shown whole: %s", msg)
+		for _, w := range wants {
+			assert.Contains(t, msg, w)
+		}
+	}
+	t.Run("Redis down", func(t *testing.T) {
+		locks, m := newLocks(t)
+		m.Close()
+		var rec recorder
+		err := Middleware(locks, On("order_id"), AfterFailure(rec.hook))(mustNotRun(t)).ProcessTask(context.Background(), task)
+		check(t, err, `task "order:ship"`, "taking lock")
+		require.Len(t, rec.got(), 1)
+		check(t, rec.got()[0])
+	})
+	t.Run("cancelled while waiting", func(t *testing.T) {
+		locks, _ := newLocks(t)
+		held, err := locks.TryLock(context.Background(), key, time.Minute)
+		require.NoError(t, err)
+		defer held.Unlock(context.Background())
+		ctx, cancel := context.WithCancel(context.Background())
+		h := Middleware(locks, On("order_id"), MaxWait(time.Minute), Logger(slog.New(slog.DiscardHandler)))(mustNotRun(t))
+		done := make(chan error, 1)
+		go func() { done <- h.ProcessTask(ctx, task) }()
+		require.Eventually(t, func() bool {
+			in, err := locks.Inspect(context.Background(), key)
+			return err == nil && in.Waiting == 1
+		}, 10*time.Second, time.Millisecond, "the task queues for the key")
+		cancel()
+		err = <-done
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.ErrorIs(t, err, mutex.ErrNotObtained)
+		check(t, err, "taking lock")
+	})
+	t.Run("lease lost", func(t *testing.T) {
+		locks, m := newLocks(t)
+		handlerErr := errors.New("stopped")
+		h := Middleware(locks, On("order_id"), TTL(30*time.Millisecond), Logger(slog.New(slog.DiscardHandler)))(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			m.Del(`asynqmutex:{` + key + `}`)
+			<-ctx.Done()
+			return handlerErr
+		}))
+		err := h.ProcessTask(context.Background(), task)
+		assert.ErrorIs(t, err, mutex.ErrNotHeld)
+		assert.ErrorIs(t, err, handlerErr)
+		check(t, err, "lost while the handler ran", "the handler returned: stopped")
+	})
+	t.Run("busy", func(t *testing.T) {
+		locks, _ := newLocks(t)
+		held, err := locks.TryLock(context.Background(), key, time.Minute)
+		require.NoError(t, err)
+		defer held.Unlock(context.Background())
+		err = Middleware(locks, On("order_id"), OnConflict(RetryLater(time.Second)))(mustNotRun(t)).ProcessTask(context.Background(), task)
+		check(t, err, "held by another task; retry in 1s")
+		assert.NotContains(t, err.Error(), "if the server", "LockedError states its delay, without doubt")
+	})
 }

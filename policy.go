@@ -34,46 +34,28 @@ const DefaultRetryDelay = 5 * time.Second
 // RetryLater returns the task to asynq to run again after about d without spending
 // its retries: the handler returns a *LockedError with RetryIn = d, doubled for each
 // further conflict of the same task up to 16·d. With Configure, asynq does not count
-// a LockedError as a failure (the retry counter stays as it was) and RetryDelay adds
-// jitter. Without Configure it is an ordinary error that spends a retry, and asynq's
-// own backoff (DefaultRetryDelayFunc), not RetryIn, sets the delay. By default a task
-// is sent back for as long as its key stays busy; MaxReschedules and
-// MaxRescheduleTime cap that, after which its conflicts fail as under Fail.
+// a LockedError as a failure and RetryDelay adds jitter; without Configure it is an
+// ordinary error that spends a retry, and asynq's own backoff sets the delay. A task
+// is sent back for as long as its key stays busy unless MaxReschedules or
+// MaxRescheduleTime caps that; past a cap its conflicts fail as under Fail.
 //
-// A task that has no retry left (MaxRetry(0), or retries used up by real failures)
-// would be archived by asynq for any error, so for it the middleware waits for the key
-// instead, up to LastTryWait (or MaxWait if longer), and archives it with an error
-// saying the key was busy if it still is.
+// A task with no retry left (MaxRetry(0), or retries used up by real failures) would
+// be archived by asynq for any error, so it waits for the key instead, up to
+// LastTryWait (or MaxWait if longer), and is archived with an error saying the key
+// was busy if it still is.
 //
-// The conflicts behind the doubling and the caps are counted per task (queue and
-// task ID) in the lock Redis, one script call per conflict, since asynq keeps no
-// count of them: a busy key is not a failure. So a task that moves to another
-// worker, or meets a restarted one, doubles on from where it was, and a cap counts
-// the conflicts met on every worker. A task not run by an asynq server has no ID
-// and is not counted. If Redis cannot count a conflict, the task is sent back after
-// d, as at a first conflict, that conflict does not count toward a cap, and the
-// middleware logs it at Warn (see Logger): the task is never lost, but a Redis that
-// counts nothing leaves it uncapped.
-//
-// The count is a hash at the mutex.Client's prefix + "reschedule:" + queue + ":" +
-// task ID ('%' and ':' in the queue name escaped as %25 and %3A): one key, so one
-// Redis Cluster slot. It expires twice 16·d plus an hour after the last conflict, so a
-// task that waits in its queue longer than that before its next conflict starts
-// counting again; under a cap, not before asynq's default backoff
-// (DefaultRetryDelayFunc) could bring the task back, plus that hour, so that a reached
-// cap holds through the retries it makes asynq spend (a RetryDelayFunc of your own
-// that waits longer can outlast it). With a cap set it is deleted when the task
-// obtains its key, one more Redis command for every task run, and a task on its last
-// retry that has spent retries before reads it once before it takes its key, to know
-// whether the cap sent it there. Without a cap it is left to expire, so that a task
-// that meets no busy key costs no Redis command beyond its lock's; a task that meets
-// one again within that time doubles on from where it stopped.
+// The conflicts behind the doubling and the caps are counted per task in the lock
+// Redis, one script call per conflict, so every worker counts a task alike. If Redis
+// cannot count a conflict, the task is sent back after d, uncounted, and the
+// middleware logs it at Warn (see Logger): the task is never lost. A task that meets
+// no busy key costs no Redis command beyond its lock's, unless a cap is set, which
+// adds one to clear the count when the task gets its key. docs/conflicts.md has the
+// details.
 //
 // asynq keeps retry times in whole seconds, so d is rounded up to a whole number of
-// seconds, at least 1s: RetryLater(500*time.Millisecond) is RetryLater(time.Second).
-// RetryLater suits keys held for long; for hot keys held briefly prefer MaxWait, whose
-// waiters are woken the moment the key is released. RetryLater panics if d is zero or
-// negative, which has no meaning as a delay.
+// seconds, at least 1s. RetryLater suits keys held for long; for hot keys held
+// briefly prefer MaxWait, whose waiters are woken the moment the key is released.
+// RetryLater panics if d is zero or negative.
 func RetryLater(d time.Duration) Policy {
 	if d <= 0 {
 		panic(fmt.Sprintf("asynqmutex.RetryLater: delay %v is not positive", d))
@@ -126,10 +108,10 @@ type LockedError struct {
 	since     time.Duration // with caps: since the first conflict
 }
 
-// Error names the task and the key, shortened past 100 bytes (with a digest), and
-// the delay asked for, or the reschedule cap reached. Only a server set up with
-// Configure retries after RetryIn; without it asynq's own backoff applies, and the
-// text says so.
+// Error names the task and the key, shortened past 100 bytes (with a digest), on
+// one line, and the delay asked for, or the reschedule cap reached. The delay is
+// RetryIn, which a server set up with Configure keeps; without Configure asynq's
+// own backoff applies instead, and the conflict spends a retry.
 func (e *LockedError) Error() string {
 	what := "lock " + shortkey.Show(e.Key) + " is"
 	if e.Keys != nil {
@@ -148,7 +130,7 @@ func (e *LockedError) Error() string {
 	case e.archived:
 		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
 	case e.RetryIn > 0:
-		msg += fmt.Sprintf("; retry in %v if the server uses asynqmutex.Configure", e.RetryIn)
+		msg += fmt.Sprintf("; retry in %v", e.RetryIn)
 	}
 	return msg
 }

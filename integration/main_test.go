@@ -8,7 +8,6 @@
 package integration
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -16,8 +15,9 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
 )
 
 func TestMain(m *testing.M) {
@@ -30,11 +30,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "setting -test.parallel: %v\n", err)
 		}
 	}
-	if os.Getenv("ASYNQMUTEX_TEST_LOG") == "" {
-		// go-redis logs every Sentinel lookup and every pub/sub connection closed under
-		// it by a test's cleanup; ASYNQMUTEX_TEST_LOG=1 shows them with asynq's logs.
-		redis.SetLogger(quietRedisLogger{})
-	}
+	// go-redis logs every Sentinel lookup and every pub/sub connection closed under
+	// it by a test's cleanup; ASYNQMUTEX_TEST_LOG=1 shows them with asynq's logs.
+	redistest.QuietRedisLogs()
 	code := m.Run()
 	if err := goleak.Find(); err != nil && code == 0 {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
@@ -52,7 +50,3 @@ func flagSet(name string) bool {
 	})
 	return set
 }
-
-type quietRedisLogger struct{}
-
-func (quietRedisLogger) Printf(context.Context, string, ...any) {}

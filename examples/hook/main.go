@@ -76,6 +76,7 @@ func run() int {
 
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("order:ship"),
 		asynqmutex.On("order_id"),
 		asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
 		asynqmutex.AfterFailure(hook)))

@@ -102,6 +102,7 @@ func run(ctx context.Context, out io.Writer, linger time.Duration) error {
 	done := make(chan struct{}, tasks)
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("report:build"),
 		asynqmutex.On("tenant"),            // one report at a time per tenant
 		asynqmutex.MaxWait(5*time.Second),  // a busy tenant: wait for it
 		asynqmutex.Observe(m.ObserveTask))) // conflicts and bad input, by task type

@@ -95,6 +95,7 @@ func run(ctx context.Context, w io.Writer) error {
 	)
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("invoice:send"),
 		asynqmutex.On("invoice_id"),
 		asynqmutex.Observe(m.ObserveTask),
 		asynqmutex.TTL(3*time.Second),      // renewed every second while the handler runs
@@ -174,7 +175,8 @@ func run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if !strings.Contains(listed, "invoice:send "+first+" on ") {
+	// list shows the task ID's first 8 characters; show gives it whole.
+	if !strings.Contains(listed, "  "+first[:8]+"… on ") {
 		return fmt.Errorf("list does not name task %s as the holder", first)
 	}
 

@@ -67,6 +67,7 @@ func run() int {
 	done := make(chan struct{}, tasks)
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("payment:capture"),  // other task types on the mux pass through
 		asynqmutex.On("transaction_id"),    // one task at a time per transaction_id
 		asynqmutex.MaxWait(5*time.Second))) // a busy transaction: wait for it, woken on release
 	mux.HandleFunc("payment:capture", func(ctx context.Context, t *asynq.Task) error {

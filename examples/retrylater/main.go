@@ -61,6 +61,7 @@ func run() int {
 
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("account:sync"),
 		asynqmutex.On("account_id"),
 		// The default is RetryLater(5s); a shorter delay keeps the demo short.
 		asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),

@@ -58,6 +58,7 @@ func run() int {
 		})
 	})
 	mux.Use(asynqmutex.Middleware(locks,
+		asynqmutex.For("cache:refresh"),
 		asynqmutex.On("cache"),
 		asynqmutex.OnConflict(asynqmutex.Skip),
 		asynqmutex.AfterFailure(func(ctx context.Context, t *asynq.Task, err error) {

@@ -19,20 +19,18 @@
 package chaos
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("ASYNQMUTEX_TEST_LOG") == "" {
-		// go-redis logs every connection a restarted or killed server breaks.
-		redis.SetLogger(quietRedisLogger{})
-	}
+	// go-redis logs every connection a restarted or killed server breaks.
+	redistest.QuietRedisLogs()
 	if spec := os.Getenv(WorkerEnv); spec != "" {
 		// A worker process: run the mode the parent asked for and exit, without
 		// running any test.
@@ -49,7 +47,3 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
-
-type quietRedisLogger struct{}
-
-func (quietRedisLogger) Printf(context.Context, string, ...any) {}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"io"
+	"regexp"
 	"strings"
 
 	"github.com/asynqmutex/asynqmutex"
@@ -86,7 +87,7 @@ func parseArgs(args []string) (*invocation, error) {
 		}
 	}
 	if err := fs.Parse(flags); err != nil {
-		return nil, usagef("%v", err)
+		return nil, usagef("%s", longDashes(err.Error()))
 	}
 	fs.Visit(func(f *flag.Flag) {
 		name := f.Name
@@ -102,6 +103,15 @@ func parseArgs(args []string) (*invocation, error) {
 		inv.cmd, inv.args = rest[0], rest[1:]
 	}
 	return inv, inv.validate()
+}
+
+// flagName is a flag as package flag names it in its errors: -db, -u.
+var flagName = regexp.MustCompile(`(^|[ :])-([a-z_]{2,})\b`)
+
+// longDashes writes the long flags in a package flag error as they are documented,
+// --db rather than -db.
+func longDashes(msg string) string {
+	return flagName.ReplaceAllString(msg, "$1--$2")
 }
 
 func isFlag(a string) bool {
@@ -173,7 +183,7 @@ func (inv *invocation) lockKey() (string, error) {
 		if inv.args[0] == "" {
 			return "", usagef("%s: the KEY is empty", inv.cmd)
 		}
-		return inv.args[0], nil
+		return normalKey(inv.args[0]), nil
 	default:
 		return "", usagef("%s takes one KEY, got %d arguments: quote a key with spaces, or use --task TYPE VALUE...", inv.cmd, len(inv.args))
 	}
@@ -193,4 +203,12 @@ func taskKey(taskType string, values []string) (string, error) {
 		}
 	}
 	return asynqmutex.Key(taskType, vals...)
+}
+
+// givenKey is the KEY argument as typed, or "" with --task.
+func (inv *invocation) givenKey() string {
+	if inv.set["task"] || len(inv.args) != 1 {
+		return ""
+	}
+	return inv.args[0]
 }

@@ -94,9 +94,9 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	case "list":
 		return conn.explain(list(ctx, conn.locks, out))
 	case "show":
-		return conn.explain(show(ctx, conn.locks, key, out))
+		return conn.explain(show(ctx, conn.locks, key, inv.givenKey(), out))
 	default: // release
-		return conn.explain(release(ctx, conn.locks, key, out, stderr))
+		return conn.explain(release(ctx, conn.locks, key, inv.givenKey(), out, stderr))
 	}
 }
 
@@ -111,8 +111,8 @@ Usage:
   asynqmutex help
 
 Commands:
-  list     every held lock under the prefix, sorted by key: holder, held for,
-           lease left, fence, waiters
+  list     every held lock under the prefix, sorted by key: holder (task ID
+           cut to 8 characters), held for, lease left, fence, waiters
   show     one lock in full, with its waiters in the order they are served
   release  free a lock whoever holds it (needs --force); it goes to the first
            waiter, if any. The holder is not told until it next renews, and its
@@ -120,10 +120,13 @@ Commands:
 
 Keys:
   KEY is the key the lock was taken on; for the middleware the JSON array of the
-  task type and the On fields: '["payment:capture","c-42"]' (quote it).
+  task type and the On fields: '["payment:capture","c-42"]' (quote it). Such an
+  array is read as the middleware writes it: spaces in it do not matter.
   --task TYPE [VALUE...] builds that key as On does, values in On's order, each
   JSON text: '"42"' is the string 42, 42 the number. A value that is not valid
   JSON is a string: c-42 means "c-42". Put values that start with - after --.
+  When nobody holds the key, show and release list the keys held of the same
+  task type, with the --task form of each.
 
 Flags (before or after the command):
   -u, --uri ADDR         Redis host:port, or a redis://, rediss:// or unix:// URL

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
@@ -56,61 +57,84 @@ func list(ctx context.Context, locks *mutex.Client, p *printer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHOLDER\tHELD FOR\tLEASE LEFT\tFENCE\tWAITERS")
+	fmt.Fprintln(tw, "KEY\tHOLDER\tHELD FOR\tLEASE\tFENCE\tWAITING")
 	for _, in := range held {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderText(in), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderBrief(in), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
 	}
 	return tw.Flush()
 }
 
-// show prints one lock in full. A key nobody holds is no error.
-func show(ctx context.Context, locks *mutex.Client, key string, p *printer) error {
+// show prints one lock in full. A key nobody holds is no error, but the keys held
+// near it are listed, so that a mistyped key is not read as a free one.
+func show(ctx context.Context, locks *mutex.Client, key, given string, p *printer) error {
 	in, err := locks.Inspect(ctx, key)
 	if err != nil {
 		return err
 	}
-	if p.json {
-		return p.encode(p.lockJSON(in, true))
-	}
-	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "Key:\t%s\n", keyText(in))
-	fmt.Fprintf(tw, "Redis key:\t%s\n", printable(in.RedisKey))
-	switch {
-	case in.Foreign:
-		fmt.Fprintf(tw, "State:\theld, by a value not written by asynqmutex (set by hand?)\n")
-		fmt.Fprintf(tw, "Lease left:\t%s\n", leaseText(in))
-	case in.Held:
-		fmt.Fprintf(tw, "State:\theld\n")
-		fmt.Fprintf(tw, "Holder:\t%s\n", holderText(in))
-		fmt.Fprintf(tw, "Since:\t%s (held for %s)\n", in.Since.UTC().Format(time.RFC3339Nano), p.heldFor(in))
-		fmt.Fprintf(tw, "Lease left:\t%s\n", leaseText(in))
-		fmt.Fprintf(tw, "Fence:\t%d\n", in.Fence)
-		if in.Limit > 1 {
-			fmt.Fprintf(tw, "Limit:\t%d holders at once; %d hold it (the holder above is the newest):\n", in.Limit, len(in.Slots))
+	if !in.Held && given != "" && given != key {
+		// A key of KeyBy's that only looks like the middleware's, held as typed.
+		asGiven, err := locks.Inspect(ctx, given)
+		if err != nil {
+			return err
 		}
-	default:
-		fmt.Fprintf(tw, "State:\tnot held: nobody holds this key under prefix %s\n", strconv.Quote(p.prefix))
-		if in.Holder != (mutex.Holder{}) {
-			fmt.Fprintf(tw, "Last holder:\t%s\n", holderText(in))
-		}
-		if in.Fence != 0 {
-			fmt.Fprintf(tw, "Last fence:\t%d (released recently; the next holder's will be higher)\n", in.Fence)
+		if asGiven.Held {
+			in, key = asGiven, given
 		}
 	}
-	fmt.Fprintf(tw, "Waiting:\t%d\n", in.Waiting)
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if in.Limit > 1 && len(in.Slots) > 0 {
-		if err := p.slots(in); err != nil {
+	var near *nearby
+	if !in.Held {
+		if near, err = findNearby(ctx, locks, key); err != nil {
 			return err
 		}
 	}
+	if p.json {
+		return p.encode(showJSON{lockJSON: p.lockJSON(in, true), Nearby: near})
+	}
+	field := func(label, format string, args ...any) {
+		fmt.Fprintf(p.w, "%-13s"+format+"\n", append([]any{label}, args...)...)
+	}
+	if given != "" && given != key {
+		field("Key:", "%s (given as %s, read as the middleware writes it)", keyText(in), printable(given))
+	} else {
+		field("Key:", "%s", keyText(in))
+	}
+	field("Redis key:", "%s", printable(in.RedisKey))
+	switch {
+	case in.Foreign:
+		field("State:", "held, by a value not written by asynqmutex (set by hand?)")
+		field("Lease left:", "%s", leaseText(in))
+	case in.Held && in.Limit > 1:
+		field("State:", "held by %d %s, at most %d at once (Limit %d)", len(in.Slots), plural(len(in.Slots), "holder", "holders"), in.Limit, in.Limit)
+	case in.Held:
+		field("State:", "held")
+		field("Holder:", "%s", holderText(in))
+		field("Since:", "%s (held for %s)", in.Since.UTC().Format(time.RFC3339Nano), p.heldFor(in))
+		field("Lease left:", "%s", leaseText(in))
+		field("Fence:", "%d", in.Fence)
+	default:
+		field("State:", "not held: nobody holds this key under prefix %s", strconv.Quote(p.prefix))
+		if in.Holder != (mutex.Holder{}) {
+			field("Last holder:", "%s", holderText(in))
+		}
+		if in.Fence != 0 {
+			field("Last fence:", "%d (released recently; the next holder's will be higher)", in.Fence)
+		}
+	}
+	field("Waiting:", "%d", in.Waiting)
 	for i, w := range in.Waiters {
 		fmt.Fprintf(p.w, "  %d. %s\n", i+1, printable(w.String()))
 	}
 	if more := in.Waiting - len(in.Waiters); more > 0 {
 		fmt.Fprintf(p.w, "  … and %d more\n", more)
+	}
+	if in.Held && in.Limit > 1 && len(in.Slots) > 0 {
+		fmt.Fprintf(p.w, "Holders:\n")
+		if err := p.slots(in); err != nil {
+			return err
+		}
+	}
+	if near != nil {
+		near.write(p.w, p.prefix)
 	}
 	return nil
 }
@@ -118,12 +142,29 @@ func show(ctx context.Context, locks *mutex.Client, key string, p *printer) erro
 // release frees the lock on key by force and says what happened to it. Finding
 // nobody holding it is a failure: nothing was done, and a mistyped key is the
 // likeliest cause.
-func release(ctx context.Context, locks *mutex.Client, key string, p *printer, stderr io.Writer) error {
+func release(ctx context.Context, locks *mutex.Client, key, given string, p *printer, stderr io.Writer) error {
 	r, err := locks.ForceRelease(ctx, key)
 	if err != nil {
 		return err
 	}
+	if !r.Before.Held && !r.Repeated && given != "" && given != key {
+		// A key of KeyBy's that only looks like the middleware's, held as typed. A
+		// release of a free key changes nothing, so trying both forms is safe.
+		asGiven, err := locks.ForceRelease(ctx, given)
+		if err != nil {
+			return err
+		}
+		if asGiven.Before.Held || asGiven.Repeated {
+			r, key = asGiven, given
+		}
+	}
 	before, handedTo := r.Before, r.Fence
+	var near *nearby
+	if !before.Held && !r.Repeated {
+		if near, err = findNearby(ctx, locks, key); err != nil {
+			return err
+		}
+	}
 	if r.Repeated {
 		// The request was sent again after its reply was lost, and found its own work.
 		if p.json {
@@ -134,7 +175,7 @@ func release(ctx context.Context, locks *mutex.Client, key string, p *printer, s
 		return err
 	}
 	if p.json {
-		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.lockJSON(before, false)}
+		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.lockJSON(before, false), Nearby: near}
 		if before.Held {
 			doc.Free = handedTo == 0
 			if handedTo != 0 {
@@ -149,6 +190,9 @@ func release(ctx context.Context, locks *mutex.Client, key string, p *printer, s
 	}
 	if !before.Held {
 		fmt.Fprintf(stderr, "asynqmutex: nothing to release: nobody holds %s under prefix %s\n", quoteKey(key), strconv.Quote(p.prefix))
+		if near != nil {
+			near.write(stderr, p.prefix)
+		}
 		return errReported
 	}
 	if p.json {
@@ -227,6 +271,15 @@ type releaseJSON struct {
 	// Repeated: the request was sent again after its reply was lost and found its own
 	// release applied; before, handed_to and free are then not known.
 	Repeated bool `json:"repeated"`
+	// Nearby: when nobody held the key, the keys held near it.
+	Nearby *nearby `json:"nearby,omitempty"`
+}
+
+// showJSON is show's document: the lock and, when nobody holds it, the keys held
+// near it.
+type showJSON struct {
+	lockJSON
+	Nearby *nearby `json:"nearby,omitempty"`
 }
 
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
@@ -298,6 +351,31 @@ func holderText(in mutex.Info) string {
 		return printable(in.Holder.String()) + fmt.Sprintf(" and %d more (Limit %d)", len(in.Slots)-1, in.Limit)
 	}
 	return printable(in.Holder.String())
+}
+
+// holderBrief is the holder as list shows it, to keep a line within a terminal's
+// width: without its task type when the key begins with it, the ID cut to its
+// first 8 characters, and the count of further holders of a key held with
+// Limit(n). show gives it whole.
+func holderBrief(in mutex.Info) string {
+	if in.Foreign {
+		return "unknown (set by hand?)"
+	}
+	h := in.Holder
+	if typ, _, ok := splitKey(in.Key); ok && typ == h.Name && h.ID != "" {
+		h.Name = ""
+	}
+	if cut := 8; len(h.ID) > cut+1 {
+		for cut > 0 && !utf8.RuneStart(h.ID[cut]) {
+			cut--
+		}
+		h.ID = h.ID[:cut] + "…"
+	}
+	text := printable(h.String())
+	if in.Limit > 1 && len(in.Slots) > 1 {
+		text += fmt.Sprintf(" +%d (Limit %d)", len(in.Slots)-1, in.Limit)
+	}
+	return text
 }
 
 // slots lists the holders of a key held with Limit(n), oldest fence first.

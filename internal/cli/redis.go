@@ -29,6 +29,8 @@ type conn struct {
 	tls     bool
 	where   string // the address(es), for messages; never a password
 	from    string // which flag or variable gave them
+	db      int    // the database number asked for
+	dbFrom  string // which flag or variable gave it
 }
 
 // connect builds the Redis client the flags and environment describe. It does no I/O.
@@ -64,6 +66,10 @@ func connect(inv *invocation, env func(string) string) (*conn, error) {
 		}
 		if inv.set["db"] {
 			opt.DB = inv.db
+		}
+		c.db, c.dbFrom = opt.DB, "--db"
+		if !inv.set["db"] {
+			c.dbFrom = c.from
 		}
 		if inv.set["password"] {
 			opt.Password = inv.password
@@ -181,10 +187,33 @@ func (c *conn) explain(err error) error {
 		return fmt.Errorf("could not reach Redis at %s (%s): %v", c.where, c.from, cause(err))
 	case strings.Contains(err.Error(), "first record does not look like a TLS handshake"):
 		return fmt.Errorf("the server at %s does not speak TLS: run it without --tls, --tls_server and --insecure", c.where)
+	case strings.Contains(err.Error(), "DB index is out of range"):
+		return fmt.Errorf("the server at %s has no database %d (%s); Redis has databases 0 to 15 unless its 'databases' setting says otherwise",
+			c.where, c.db, c.dbFrom)
+	case notRedis(err):
+		return fmt.Errorf("the server at %s (%s) is not Redis: it answered %s; check the address and port", c.where, c.from, replyOf(err))
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "connection reset"):
 		return fmt.Errorf("the server at %s closed the connection (%v); if it requires TLS, add --tls", c.where, cause(err))
 	}
 	return err
+}
+
+// notRedis reports whether err is go-redis failing to read a reply: the server
+// answered, but not in Redis's protocol (an HTTP server, say).
+func notRedis(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "redis: invalid reply") || strings.Contains(msg, "can't parse") ||
+		strings.Contains(msg, "redis: unexpected")
+}
+
+// replyOf is the start of what a server that is not Redis answered, as go-redis
+// quotes it in err, or err itself.
+func replyOf(err error) string {
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		return msg[i:]
+	}
+	return msg
 }
 
 // cause strips the wrapping mutex adds, which repeats the key, from a network error.

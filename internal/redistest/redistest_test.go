@@ -20,6 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	QuietRedisLogs()
 	// Every server, proxy and client must be gone when the tests end: a
 	// leaked pump goroutine or reaper here would leak in every package that
 	// uses redistest.

@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// normalKey returns key as the middleware writes it when key is a JSON array of a
+// task type and scalar values written another way ('["count:num", 42]', with a
+// space, or a string with escapes): the form an operator types is then the one
+// Redis holds. Any other key, or one that is not such an array, comes back as given.
+// show and release fall back to the key as given when nobody holds its normal form,
+// for a KeyBy key that only looks like the middleware's.
+func normalKey(key string) string {
+	typ, values, ok := splitKey(key)
+	if !ok {
+		return key
+	}
+	k, err := asynqmutex.Key(typ, values...)
+	if err != nil {
+		return key
+	}
+	return k
+}
+
+// splitKey reads key as the middleware's JSON array: a task type (or Scope) and the
+// JSON texts of the values after it.
+func splitKey(key string) (typ string, values []string, ok bool) {
+	trimmed := bytes.TrimSpace([]byte(key))
+	if len(trimmed) == 0 || trimmed[0] != '[' {
+		return "", nil, false
+	}
+	var elems []json.RawMessage
+	if json.Unmarshal(trimmed, &elems) != nil || len(elems) == 0 || json.Unmarshal(elems[0], &typ) != nil {
+		return "", nil, false
+	}
+	for _, e := range elems[1:] {
+		values = append(values, string(e))
+	}
+	return typ, values, true
+}
+
+// nearby is what is held close to a key nobody holds: the held keys of the same
+// task type, and how many keys are held in all, so that a mistyped key (a string
+// where the payload has a number, or the other way round) is not read as free.
+type nearby struct {
+	TaskType string   `json:"task_type"` // the key's task type, or the key itself when it is no JSON array
+	Keys     []string `json:"keys"`      // held keys of that task type, sorted, at most maxNearby
+	More     int      `json:"more"`      // further held keys of that task type
+	Held     int      `json:"held"`      // every held key under the prefix
+}
+
+// maxNearby bounds the keys a near miss lists.
+const maxNearby = 10
+
+// findNearby lists the held keys near key (see nearby), with one SCAN of the prefix.
+func findNearby(ctx context.Context, locks *mutex.Client, key string) (*nearby, error) {
+	typ, _, ok := splitKey(key)
+	if !ok {
+		typ = key // perhaps the task type alone, as someone would type it
+	}
+	name, err := asynqmutex.Key(typ)
+	if err != nil {
+		return nil, err
+	}
+	whole, start := name, strings.TrimSuffix(name, "]")+","
+	n := &nearby{TaskType: typ, Keys: []string{}}
+	for in, err := range locks.List(ctx) {
+		if err != nil {
+			return nil, err
+		}
+		n.Held++
+		if in.Key == key || (in.Key != whole && !strings.HasPrefix(in.Key, start)) {
+			continue
+		}
+		n.Keys = append(n.Keys, in.Key)
+	}
+	slices.Sort(n.Keys)
+	if len(n.Keys) > maxNearby {
+		n.More, n.Keys = len(n.Keys)-maxNearby, n.Keys[:maxNearby]
+	}
+	return n, nil
+}
+
+// write says what is held near the key, for a person.
+func (n *nearby) write(w io.Writer, prefix string) {
+	switch {
+	case n.Held == 0:
+		fmt.Fprintf(w, "No key at all is held under prefix %s.\n", strconv.Quote(prefix))
+		return
+	case len(n.Keys) == 0:
+		fmt.Fprintf(w, "No key of task type %s is held; %d other %s held under prefix %s: run 'asynqmutex list'.\n",
+			printable(strconv.Quote(n.TaskType)), n.Held, plural(n.Held, "key is", "keys are"), strconv.Quote(prefix))
+		return
+	}
+	fmt.Fprintf(w, "Held nearby: %d %s of task type %s (of %d held under prefix %s); is one of them meant?\n",
+		len(n.Keys)+n.More, plural(len(n.Keys)+n.More, "key", "keys"), printable(strconv.Quote(n.TaskType)), n.Held, strconv.Quote(prefix))
+	for _, k := range n.Keys {
+		fmt.Fprintf(w, "  %s    asynqmutex show %s\n", printable(k), taskArgs(k))
+	}
+	if n.More > 0 {
+		fmt.Fprintf(w, "  … and %d more: run 'asynqmutex list'\n", n.More)
+	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// taskArgs is how to name key on the command line: --task TYPE VALUE... for a key
+// the middleware wrote, else the key quoted for a shell.
+func taskArgs(key string) string {
+	typ, values, ok := splitKey(key)
+	if !ok || normalKey(key) != key {
+		return shellQuote(key)
+	}
+	args := []string{"--task", shellQuote(typ)}
+	dashes := false
+	for _, v := range values {
+		var s string
+		if strings.HasPrefix(v, `"`) && json.Unmarshal([]byte(v), &s) == nil && !json.Valid([]byte(s)) {
+			v = s // a string that is not JSON text is taken as that string
+		}
+		if strings.HasPrefix(v, "-") && !dashes {
+			args, dashes = append(args, "--"), true
+		}
+		args = append(args, shellQuote(v))
+	}
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell, unless it needs no quotes.
+func shellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/@%+=,", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

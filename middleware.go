@@ -586,10 +586,9 @@ func unlessNamed(err error, key string, keys []string) string {
 		all = []string{key}
 	}
 	for _, k := range all {
-		for _, shown := range []string{shortkey.Show(k), shortkey.Quote(k)} {
-			if strings.Contains(text, " "+shown+" ") || strings.Contains(text, " "+shown+":") {
-				return ""
-			}
+		shown := shortkey.Show(k)
+		if strings.Contains(text, " "+shown+" ") || strings.Contains(text, " "+shown+":") {
+			return ""
 		}
 	}
 	return " " + showKeys(key, keys)

@@ -9,7 +9,8 @@
 //	m := metrics.New()
 //	reg.MustRegister(m) // or prometheus.MustRegister(m)
 //	locks := mutex.New(rdb, mutex.Observe(m.Observe))
-//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.On("tenant"), asynqmutex.Observe(m.ObserveTask)))
+//	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("report:build"), asynqmutex.On("tenant"),
+//		asynqmutex.Observe(m.ObserveTask)))
 //
 // Every name carries the prefix "asynqmutex_", as asynq's own x/metrics carry
 // "asynq_". Times are in seconds, counters end in _total:

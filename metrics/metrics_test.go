@@ -24,11 +24,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/metrics"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
 func TestMain(m *testing.M) {
+	redistest.QuietRedisLogs()
 	code := m.Run()
 	if err := goleak.Find(); err != nil && code == 0 {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)

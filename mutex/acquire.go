@@ -281,7 +281,7 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, errors.Join(ErrNotObtained, ctx.Err())
+			return nil, join(ErrNotObtained, ctx.Err())
 		case <-deadline:
 			return nil, ErrNotObtained
 		case f := <-w.grant:
@@ -321,7 +321,7 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 // taken (the server may have applied it and lost the reply).
 func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, 0, errors.Join(ErrNotObtained, err)
+		return nil, 0, join(ErrNotObtained, err)
 	}
 	sent := time.Now()
 	o, err := a.kind.attempt(ctx, a, w)
@@ -333,7 +333,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	case err != nil:
 		c.abandon(ctx, a)
 		if ctx.Err() != nil {
-			return nil, 0, errors.Join(ErrNotObtained, ctx.Err())
+			return nil, 0, join(ErrNotObtained, ctx.Err())
 		}
 		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.what(), err)
 	case o.refused != nil:

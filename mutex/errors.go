@@ -12,7 +12,8 @@ import (
 var (
 	// ErrNotObtained means another holder has the lock: at once for TryLock, or for
 	// the whole wait of Lock and WithLock. When the wait ended because the context was
-	// done, the error returned is errors.Join(ErrNotObtained, ctx.Err()).
+	// done, the error returned wraps both ErrNotObtained and ctx.Err(), as
+	// errors.Join does, with its text on one line.
 	ErrNotObtained = errors.New("mutex: not obtained")
 
 	// ErrNotHeld means the lock is no longer ours: its lease expired or another token
@@ -69,14 +70,15 @@ func (e *busyError) Error() string {
 	if e.err == ErrNotObtained {
 		return "mutex: not obtained: key " + show(e.key) + " is held"
 	}
-	return "mutex: not obtained, key " + show(e.key) + " being held: " + e.err.Error()
+	return "mutex: not obtained, key " + show(e.key) + " being held: " + oneLine(e.err)
 }
 
 func (e *busyError) Unwrap() error { return e.err }
 
-// show is a key as errors show it: whole up to 100 bytes, shortened with a digest
-// past that, quoted.
-func show(key string) string { return shortkey.Quote(key) }
+// show is a key as errors show it: as it is up to 100 bytes, shortened with a digest
+// past that, and quoted only when it holds characters that are not printable, so that
+// a key built from JSON reads as it was written, not escaped twice.
+func show(key string) string { return shortkey.Show(key) }
 
 // showKeys is key, or keys when there are several, as errors show them.
 func showKeys(key string, keys []string) string {
@@ -89,3 +91,28 @@ func showKeys(key string, keys []string) string {
 	}
 	return "keys " + strings.Join(q, ", ")
 }
+
+// oneLine is err's text on one line: errors.Join puts its errors on lines of their
+// own, which a log line or asynq's LastErr would carry as they are.
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
+
+// join is errors.Join with its text on one line, the errors separated by "; ".
+func join(errs ...error) error {
+	j := errors.Join(errs...)
+	if j == nil {
+		return nil
+	}
+	return &joinError{errs: j.(interface{ Unwrap() []error }).Unwrap()}
+}
+
+type joinError struct{ errs []error }
+
+func (e *joinError) Error() string {
+	s := make([]string, len(e.errs))
+	for i, err := range e.errs {
+		s[i] = oneLine(err)
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e *joinError) Unwrap() []error { return e.errs }

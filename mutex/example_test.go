@@ -268,7 +268,7 @@ func ExampleClient_WithLockKeys() {
 	fmt.Println("C locked:", held)
 	// Output:
 	// moving money under [account:A account:B] with 2 fences
-	// B to C: mutex: not obtained: key "account:B" is held
+	// B to C: mutex: not obtained: key account:B is held
 	// error: <nil>
 	// C locked: false
 }

@@ -23,7 +23,8 @@ type Holder struct {
 	PID  int
 }
 
-// String describes h in one line, such as `payment:capture 3f2a… on web-1 (pid 812)`.
+// String describes h in one line, such as `payment:capture 3f2a… on web-1 (pid 812)`,
+// or "unknown" for a Holder that recorded nothing.
 func (h Holder) String() string {
 	var b strings.Builder
 	b.WriteString(h.Name)
@@ -33,12 +34,20 @@ func (h Holder) String() string {
 		}
 		b.WriteString(h.ID)
 	}
-	if b.Len() > 0 {
-		b.WriteByte(' ')
+	if h.Host != "" {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString("on " + h.Host)
 	}
-	b.WriteString("on " + h.Host)
 	if h.PID != 0 {
-		b.WriteString(" (pid " + strconv.Itoa(h.PID) + ")")
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString("(pid " + strconv.Itoa(h.PID) + ")")
+	}
+	if b.Len() == 0 {
+		return "unknown"
 	}
 	return b.String()
 }
@@ -362,9 +371,14 @@ func (c *Client) forceSlots(ctx context.Context, key, rkey string) error {
 	case res[0] == 0:
 		return nil
 	case res[0] < 0:
-		return fmt.Errorf("mutex: force release %s: the Redis key %s holds a value of another type, not written by this package; delete it by hand",
-			show(key), show(rkey))
+		return fmt.Errorf("mutex: force release %s: the Redis key holds a value of another type, not written by this package; delete it by hand: redis-cli DEL %s",
+			show(key), shellQuote(rkey))
 	}
-	return fmt.Errorf("mutex: force release %s: the key is held with Limit(%d) by %d holders; ForceRelease frees plain locks only: wait for their leases to end, or delete the Redis key %s by hand",
-		show(key), res[1], res[0], show(rkey))
+	return fmt.Errorf("mutex: force release %s: the key is held with Limit(%d) by %d holders; ForceRelease frees plain locks only: wait for their leases to end, or delete the key by hand: redis-cli DEL %s",
+		show(key), res[1], res[0], shellQuote(rkey))
+}
+
+// shellQuote is s quoted for a POSIX shell, as an operator pastes it into redis-cli.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

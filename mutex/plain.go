@@ -2,7 +2,6 @@ package mutex
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -114,7 +113,7 @@ func (k plainKind) release(ctx context.Context, keys []string, id, entry string,
 			r, err := cmd.Int64()
 			switch {
 			case err != nil:
-				errs = errors.Join(errs, err)
+				errs = join(errs, err)
 			case released(r) == forced || (released(r) == notOurs && res == releasedOK):
 				res = released(r)
 			}

@@ -35,11 +35,12 @@ const workerACLRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@al
 const limitACLRules = "+type +del +hget +hgetall +hset +hdel"
 
 // operatorACLRules are what Inspect, List and ForceRelease need more.
-const operatorACLRules = "+lrange +llen +scan +del"
+const operatorACLRules = "+lrange +llen +scan +type +del"
 
 const (
-	workerUser  = "worker"
-	limiterUser = "limiter" // workerACLRules and limitACLRules
+	workerUser   = "worker"
+	limiterUser  = "limiter"  // workerACLRules and limitACLRules
+	operatorUser = "operator" // workerACLRules and operatorACLRules
 )
 
 // certDir holds the shared server's certificates; TestMain removes it.
@@ -72,7 +73,8 @@ func startSharedServer() (*redistest.Server, error) {
 	}
 	admin := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	defer admin.Close()
-	for user, rules := range map[string]string{aclUser: aclRules, workerUser: workerACLRules, limiterUser: workerACLRules + " " + limitACLRules} {
+	for user, rules := range map[string]string{aclUser: aclRules, workerUser: workerACLRules,
+		limiterUser: workerACLRules + " " + limitACLRules, operatorUser: workerACLRules + " " + operatorACLRules} {
 		args := []any{"ACL", "SETUSER", user, "reset", "on", ">" + aclPassword}
 		for _, r := range strings.Fields(rules) {
 			args = append(args, r)
@@ -251,4 +253,36 @@ func TestWorkerACLSuffices(t *testing.T) {
 	}))
 	_, err = c.Inspect(ctx, key)
 	assert.ErrorContains(t, err, "can't run this command", "inspection needs the operator's rules")
+}
+
+// TestOperatorACLSuffices: with the worker's rules and the operator's line, Inspect,
+// Locked, List and ForceRelease work on plain locks (TestWorkerACLSuffices is the
+// control: without that line Inspect is refused).
+func TestOperatorACLSuffices(t *testing.T) {
+	sharedServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: operatorUser, Password: aclPassword})
+	t.Cleanup(func() { rdb.Close() })
+	c := New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	key := uniqueKey(t)
+	l, err := c.TryLock(ctx, key, time.Minute, HeldBy("stuck", "1"))
+	require.NoError(t, err)
+	in, err := c.Inspect(ctx, key)
+	require.NoError(t, err)
+	assert.True(t, in.Held)
+	assert.Equal(t, "stuck", in.Holder.Name)
+	locked, err := c.Locked(ctx, key)
+	require.NoError(t, err)
+	assert.True(t, locked)
+	listed := false
+	for in, err := range c.List(ctx) {
+		require.NoError(t, err)
+		listed = listed || in.Key == key
+	}
+	assert.True(t, listed, "List yields the held key")
+	r, err := c.ForceRelease(ctx, key)
+	require.NoError(t, err)
+	assert.True(t, r.Before.Held)
+	assert.ErrorIs(t, l.Unlock(ctx), ErrNotHeld)
 }

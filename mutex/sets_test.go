@@ -82,7 +82,7 @@ func TestLockKeysInputs(t *testing.T) {
 	assert.ErrorContains(t, err, "empty key")
 	_, err = c.TryLockKeys(ctx, []string{"a", "b"}, time.Millisecond)
 	assert.ErrorContains(t, err, "outside")
-	assert.ErrorContains(t, err, `keys "a", "b"`)
+	assert.ErrorContains(t, err, `keys a, b:`)
 	assert.Error(t, c.WithLockKeys(ctx, []string{"a"}, time.Second, nil))
 }
 

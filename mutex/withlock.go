@@ -118,9 +118,9 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 		}
 		switch {
 		case leaseErr != nil:
-			err = errors.Join(leaseErr, err)
+			err = join(leaseErr, err)
 		case uerr != nil:
-			err = errors.Join(err, uerr)
+			err = join(err, uerr)
 		}
 	}()
 	return fn(fctx)
@@ -201,7 +201,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		if !now.Before(until) {
 			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.what(), ErrNotHeld)
 			if lastErr != nil {
-				err = errors.Join(err, lastErr)
+				err = join(err, lastErr)
 			}
 			cancel(err)
 			return err

@@ -309,7 +309,10 @@ func TestLockEndsOnce(t *testing.T) {
 		require.NoError(t, l.Unlock(ctx))
 		require.NoError(t, l.Unlock(ctx), "a repeat finds its own tombstone")
 		b.expire(t, c.redisKey(l.Key()))
-		assert.ErrorIs(t, l.Unlock(ctx), ErrNotHeld)
+		if b.real { // on miniredis the mark expired with the tombstone
+			b.expire(t, releasedKey(c.redisKey(l.Key()), l.id))
+		}
+		assert.ErrorIs(t, l.Unlock(ctx), ErrNotHeld, "once tombstone and mark are gone")
 		assert.Equal(t, []Op{OpAcquired, OpReleased}, ops(r.take()), "released once, never lost after")
 	})
 }

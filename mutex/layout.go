@@ -30,9 +30,11 @@ const (
 	// so that a release of one kind never hands the key to a waiter of the other.
 	slotsSuffix = ":slots"
 	// releasedInfix names the key that marks, for tombstoneMillis, that an identity
-	// released its slot of a lock with Limit(n): <lock> + releasedInfix + the hex of
-	// the first 16 bytes of the identity's SHA-256, so that no token shows in a key
-	// name. Its value is the fence of the slot released.
+	// released its slot of a lock with Limit(n), or handed a plain lock to a waiter:
+	// <lock> + releasedInfix + the hex of the first 16 bytes of the identity's
+	// SHA-256, so that no token shows in a key name. Its value is the fence of what was
+	// released, so that the release, repeated after a lost reply, is recognised however
+	// often the key changed hands since.
 	releasedInfix = ":released:"
 	// channelInfix: a Client listens for hand-overs on prefix + channelInfix + its
 	// id, where id is base64url (no '.').

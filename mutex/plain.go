@@ -59,7 +59,7 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 		busy   bool
 	)
 	limited = -1
-	k.c.run.Each(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all},
+	k.c.run.Each(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers},
 		func(b []string, cmd *redis.Cmd) bool {
 			var res []int64
 			res, err = cmd.Int64Slice()
@@ -105,10 +105,20 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 	return o, limited, nil
 }
 
-func (k plainKind) release(ctx context.Context, keys []string, id, entry string, _ int64) (released, error) {
+// release runs plain_release.lua on each lock of keys with its queue and the mark of
+// a hand-over by id. fence, of a single lock, tells a repeat of this release from a
+// release of the same token's earlier lock; it is 0 for several.
+func (k plainKind) release(ctx context.Context, keys []string, id, entry string, fence int64) (released, error) {
+	withMarks := make([]string, 0, len(keys)/2*3)
+	for i := 0; i+1 < len(keys); i += 2 {
+		withMarks = append(withMarks, keys[i], keys[i+1], releasedKey(keys[i], id))
+	}
+	if len(keys) > 2 {
+		fence = 0
+	}
 	res := releasedOK
 	var errs error
-	k.c.run.Each(ctx, plainReleaseScript, keys, 2, []any{id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis},
+	k.c.run.Each(ctx, plainReleaseScript, withMarks, 3, []any{id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence},
 		func(_ []string, cmd *redis.Cmd) bool {
 			r, err := cmd.Int64()
 			switch {

@@ -4,23 +4,28 @@
 -- A plain lock's value is a string (layout.go); its waiters queue at <lock>:wait,
 -- oldest first, in entries as layout.go describes them.
 
--- handOver gives the lock, whose value is v, to the oldest waiter in queue q whose
--- client is listening: the waiter's entry is taken out, the lock is set to its
--- identity with a new fence and its own lease, and its client gets "<waiter> <fence>"
--- on channel chan .. <client>. When no subscriber received that (the client died or
--- is reconnecting), the next waiter is tried, so dead waiters cannot swallow a
--- release; the waiter passed over tries again by itself once it listens again; so is
--- an entry of prev, the releaser. PUBLISH counts every subscriber only when counts is
--- "1" (not in Redis Cluster, where it counts those of one node). The new value names
--- prev as the previous holder. Entries of another form, or with a lease that is not a
--- positive number, are dropped. Returns true when a waiter got the lock; false when
--- nobody was left, and the last value given to a waiter nobody heard (or v), so that
--- the tombstone keeps the highest fence.
-local function handOver(lock, q, v, prev, chan, counts)
+-- handOver gives the lock, whose value is v (nil when absent), to the oldest waiter in
+-- queue q whose client is listening: the waiter's entry is taken out, the lock is set
+-- to its identity with a new fence and its own lease, and its client gets
+-- "<waiter> <fence>" on channel chan .. <client>. When no subscriber received that
+-- (the client died or is reconnecting), the next waiter is tried, so dead waiters
+-- cannot swallow a release; the waiter passed over tries again by itself once it
+-- listens again; so is an entry of prev, the releaser. PUBLISH counts every
+-- subscriber only when counts is "1" (not in Redis Cluster, where it counts those of
+-- one node). The new value names prev as the previous holder. Entries of another
+-- form, or with a lease that is not a positive number, are dropped. self is the
+-- caller's own entry, or nil: when it comes up, it is taken out and nothing else is
+-- done. Returns "other" when a waiter got the lock; "self" when the caller's entry
+-- came first; nil when nobody was left, and the last value given to a waiter nobody
+-- heard (or v), so that what comes next keeps the highest fence.
+local function handOver(lock, q, v, prev, chan, counts, self)
   while true do
     local e = redis.call('LPOP', q)
     if not e then
-      return false, v
+      return nil, v
+    end
+    if e == self then
+      return 'self', v
     end
     local client, waiter, ls, who = entry(e)
     local lease = tonumber(ls)
@@ -33,9 +38,21 @@ local function handOver(lock, q, v, prev, chan, counts)
       redis.call('SET', lock, nv, 'PX', lease)
       local got = redis.call('PUBLISH', chan .. client, waiter .. ' ' .. string.sub(nv, 1, FENCE_DIGITS))
       if got > 0 or counts ~= '1' then
-        return true
+        return 'other', nv
       end
       v = nv
     end
   end
+end
+
+-- previous is whom a lock taken from value v (nil, or a tombstone) names as its
+-- previous holder: the releaser, so that its release repeated after a lost reply is
+-- recognised; or, after a release by force, the mark of the old holder
+-- (plain_force.lua), kept so that the old holder's release learns what happened.
+local function previous(v)
+  if not v then
+    return ''
+  end
+  local h, p = holder(v)
+  return string.byte(p, 1) == FORCED and p or h
 end

@@ -1,8 +1,11 @@
 -- plain_release.lua: release the locks our token holds, handing each to the oldest
 -- waiter whose client is listening.
 --
--- KEYS[2i-1] -> <prefix>{<key i>}        lock i (layout.go)
--- KEYS[2i]   -> <prefix>{<key i>}:wait   its waiters, oldest first (layout.go)
+-- KEYS[3i-2] -> <prefix>{<key i>}                     lock i (layout.go)
+-- KEYS[3i-1] -> <prefix>{<key i>}:wait                its waiters, oldest first (layout.go)
+-- KEYS[3i]   -> <prefix>{<key i>}:released:<digest>   set for a while to the fence of
+--                                                     the lock this identity released
+--                                                     (layout.go)
 -- One lock, or several held as one (in Redis Cluster the caller sends one per call).
 -- ARGV[1] -> identity of the holder
 -- ARGV[2] -> a waiter that gives up, to take out of every queue first (its entry as
@@ -10,38 +13,51 @@
 -- ARGV[3] -> channel prefix: a client <c> listens on ARGV[3] .. <c>
 -- ARGV[4] -> "1" when PUBLISH counts every subscriber (not in Redis Cluster, where it
 --            counts those of this node only)
--- ARGV[5] -> how long the tombstone of a release stays, in milliseconds
+-- ARGV[5] -> how long the tombstone and the mark of a release stay, in milliseconds
+-- ARGV[6] -> the fence of the lock to release, or "0" when not known (several locks)
 --
 -- For each lock: 1 when released, 0 when the key is gone or holds another token, 2
 -- when our lock was released by force (plain_force.lua) since; in both of the latter
 -- cases the lock is not touched. Returns 2 if any lock gave 2, else 0 if any gave 0,
 -- else 1.
 --
--- A release that finds its own tombstone, or finds the lock handed over by itself
--- (the previous holder), or taken by a lock with Limit(n) from its tombstone (the
--- hash's SLOTS_PREV, slots.lua), counts as released: it was applied already and its
--- reply lost. The lock goes to the oldest listening waiter (handOver, plain.lua);
--- when nobody is left, it becomes a tombstone.
-local function release(lock, q)
+-- A release that finds its own tombstone, or its mark (however often the lock
+-- changed hands since), or the lock handed over by itself (the previous holder), or
+-- taken by a lock with Limit(n) from its tombstone (the hash's SLOTS_PREV, slots.lua),
+-- counts as released: it was applied already and its reply lost. The lock goes to the
+-- oldest listening waiter (handOver, plain.lua); when nobody is left, it becomes a
+-- tombstone.
+
+-- released reports whether this identity's mark says it released the lock with the
+-- fence asked about (any, when "0").
+local function released(mark)
+  if ARGV[2] ~= '' then
+    return false -- a waiter giving up held nothing to hand over
+  end
+  local f = redis.call('GET', mark)
+  return f ~= false and (ARGV[6] == '0' or tonumber(f) == tonumber(ARGV[6]))
+end
+
+local function release(lock, q, mark)
   if ARGV[2] ~= '' then
     redis.call('LREM', q, 0, ARGV[2])
   end
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- a lock with Limit(n), a hash, took the key after us?
-    if ARGV[2] == '' and redis.pcall('HGET', lock, SLOTS_PREV) == ARGV[1] then
+    if (ARGV[2] == '' and redis.pcall('HGET', lock, SLOTS_PREV) == ARGV[1]) or released(mark) then
       return 1
     end
     return 0
   end
   if not v then
-    return 0
+    return released(mark) and 1 or 0
   end
   if not ours(v, ARGV[1]) then
     local _, prev = holder(v)
     if string.sub(prev, 1, #ARGV[1] + 1) == string.char(FORCED) .. ARGV[1] then
       return 2
     end
-    if ARGV[2] == '' and held(v) and prev == ARGV[1] then
+    if (ARGV[2] == '' and held(v) and prev == ARGV[1]) or released(mark) then
       return 1
     end
     return 0
@@ -50,9 +66,10 @@ local function release(lock, q)
   if state == RELEASED then
     return 1
   end
+  redis.call('SET', mark, string.sub(v, 1, FENCE_DIGITS), 'PX', ARGV[5])
   if state == WAITED then
     local given
-    given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4])
+    given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4], nil)
     if given then
       return 1
     end
@@ -62,8 +79,8 @@ local function release(lock, q)
 end
 
 local res = 1
-for i = 1, #KEYS / 2 do
-  local r = release(KEYS[2 * i - 1], KEYS[2 * i])
+for i = 1, #KEYS / 3 do
+  local r = release(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i])
   if r == 2 or (r == 0 and res == 1) then
     res = r
   end

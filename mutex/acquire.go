@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynqmutex/asynqmutex/internal/keyset"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // renewedHandOver is the lease a release hands a WithLock waiter: its renewal
@@ -43,6 +44,12 @@ func (c *Client) TryLock(ctx context.Context, key string, ttl time.Duration, opt
 // release, one waiter, no race with newcomers, one round trip from release to
 // holding. Waiters are served in the order they first queued and keep their place
 // while they wait.
+//
+// Once waiting, a Redis that cannot be reached for a while (a restart, a failover, a
+// network blip) does not end the wait: the waiter tries again, with a growing pause
+// of up to a second and at once when its subscription is back, until the wait ends;
+// then it returns the last Redis error. A Redis that cannot be reached at the first
+// attempt, or that refuses the call, ends it at once.
 //
 // A waiter that gives up (ctx done, MaxWait, a Redis error) leaves the queue and, if
 // the lock was handed to it meanwhile, passes it on at once. A release skips waiters
@@ -246,7 +253,10 @@ func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 }
 
 // obtain takes the lock for a: one attempt when a.maxWait is 0, else waiting for a
-// hand-over or for the holder's lease to end, within a.maxWait and ctx.
+// hand-over or for the holder's lease to end, within a.maxWait and ctx. A wait rides
+// out a Redis it can no longer reach: it tries again with a growing pause, and at once
+// when the subscription is back, and returns the Redis error only if the wait ends
+// first.
 func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 	if a.maxWait == 0 {
 		l, _, err := c.attempt(ctx, a, nil)
@@ -255,70 +265,95 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 		}
 		return l, err
 	}
-	start := time.Now()
 	// Join before the first attempt: a release may hand us the lock as soon as that
 	// attempt has queued us, before it even returns.
 	w := c.hub.join(a)
 	acquired := false
 	defer func() { c.hub.leave(ctx, w, acquired) }()
 
-	l, pttl, err := c.attempt(ctx, a, w)
-	if l != nil || err != nil {
-		acquired = l != nil
-		return l, err
-	}
-	// A hand-over published before the subscription is confirmed reaches nobody, and
-	// the release passes us over: every waiter tries again on confirmation.
-	c.hub.ensure()
 	var deadline <-chan time.Time
 	if a.maxWait > 0 {
-		t := time.NewTimer(a.maxWait - time.Since(start))
+		t := time.NewTimer(a.maxWait)
 		defer t.Stop()
 		deadline = t.C
 	}
-	timer := time.NewTimer(a.retryAfter(pttl))
-	defer timer.Stop()
+	var (
+		timer    *time.Timer
+		lastErr  error         // of the last attempt, when Redis could not be reached
+		backoff  time.Duration // before the next attempt after such an error
+		subbed   bool          // the subscription was asked for
+		attempts int
+	)
 	for {
-		select {
-		case <-ctx.Done():
-			return nil, join(ErrNotObtained, ctx.Err())
-		case <-deadline:
-			return nil, ErrNotObtained
-		case f := <-w.grant:
-			if a.given != nil {
-				// One of several locks: the attempt below takes the rest, or waits
-				// for the next busy one, keeping this one.
-				break
+		if attempts > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, join(ErrNotObtained, ctx.Err())
+			case <-deadline:
+				if lastErr != nil {
+					return nil, lastErr
+				}
+				return nil, ErrNotObtained
+			case f := <-w.grant:
+				if a.given != nil {
+					// One of several locks: the attempt below takes the rest, or waits
+					// for the next busy one, keeping this one.
+					break
+				}
+				// The release that handed us the lock ran after our last attempt was
+				// sent, so the lease counts from no earlier than that.
+				lease := a.handOverLease()
+				if l := a.lock([]int64{f}, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
+					l.taken = time.Now() // its wait ended now, not when its attempt was sent
+					acquired = true
+					return l, nil
+				}
+				// Most of that lease may have passed: the attempt below renews it.
+			case <-w.wake:
+			case <-timer.C:
 			}
-			// The release that handed us the lock ran after our last attempt was sent,
-			// so the lease counts from no earlier than that.
-			lease := a.handOverLease()
-			if l := a.lock([]int64{f}, w.sent, lease); time.Until(l.validUntil()) > lease/2 {
-				l.taken = time.Now() // its wait ended now, not when its attempt was sent
-				acquired = true
-				return l, nil
-			}
-			// Most of that lease may have passed: the attempt below renews it.
-		case <-w.wake:
-		case <-timer.C:
 		}
-		l, pttl, err = c.attempt(ctx, a, w)
-		if l != nil {
+		attempts++
+		l, pttl, err := c.attempt(ctx, a, w)
+		var ue *unreachableError
+		switch {
+		case l != nil:
 			acquired = true
 			return l, nil
-		}
-		if err != nil {
+		case errors.As(err, &ue) && attempts > 1 && ctx.Err() == nil:
+			// Redis answered before, and found the key busy; now it cannot be reached:
+			// wait on, and try again. (A Redis that cannot be reached at the first
+			// attempt is reported at once: it may be no passing outage.)
+			lastErr = err
+			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
+			pttl = backoff/2 + rand.N(backoff/2+1)
+		case err != nil:
 			return nil, err
+		default:
+			lastErr, backoff = nil, 0
+			pttl = a.retryAfter(pttl)
 		}
-		timer.Reset(a.retryAfter(pttl))
+		if !subbed {
+			// A hand-over published before the subscription is confirmed reaches
+			// nobody, and the release passes us over: every waiter tries again on
+			// confirmation.
+			c.hub.ensure()
+			subbed = true
+		}
+		if timer == nil {
+			timer = time.NewTimer(pttl)
+			defer timer.Stop()
+		} else {
+			timer.Reset(pttl)
+		}
 	}
 }
 
 // attempt makes one attempt of a, for waiter w (nil for none): it returns the lock, or
 // nil and the remaining lease of the first lock another holder has (-1: none), or an
 // error: ErrNotObtained joined with ctx's error when ctx ended it, a refusal such as a
-// *LimitError, or a wrapped Redis error after releasing whatever the attempt may have
-// taken (the server may have applied it and lost the reply).
+// *LimitError, or a wrapped Redis error (an *unreachableError when it may pass). A
+// single attempt that got an error releases whatever it may have taken first.
 func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, join(ErrNotObtained, err)
@@ -331,11 +366,20 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	}
 	switch {
 	case err != nil:
-		c.abandon(ctx, a)
+		// The server may have applied the attempt and lost its reply. A waiter's next
+		// attempt finds its own token, and its leave gives back what it holds; a
+		// single attempt gives back at once.
+		if w == nil {
+			c.abandon(ctx, a)
+		}
 		if ctx.Err() != nil {
 			return nil, 0, join(ErrNotObtained, ctx.Err())
 		}
-		return nil, 0, fmt.Errorf("mutex: lock %s: %w", a.what(), err)
+		err = fmt.Errorf("mutex: lock %s: %w", a.what(), err)
+		if store.Transient(err) {
+			return nil, 0, &unreachableError{err}
+		}
+		return nil, 0, err
 	case o.refused != nil:
 		return nil, 0, o.refused
 	case o.fences == nil:
@@ -344,6 +388,13 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	}
 	return a.lock(o.fences, sent, a.ttl), 0, nil
 }
+
+// unreachableError is an attempt's error when Redis could not be reached or could not
+// serve it for a while (store.Transient): a wait goes on past it.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
 
 // contended reports OpContended the first time an attempt of a finds the lock busy.
 func (c *Client) contended(ctx context.Context, a *acquisition) {

@@ -115,8 +115,20 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	return err
 }
 
-// extend is Extend without the event of a lost lease: WithLock reports that itself.
+// extend is Extend without the event of a lost lease.
 func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
+	return l.setLease(ctx, ttl, false)
+}
+
+// renew is WithLock's renewal: extend, where the lease only ever moves forward on our
+// clock, as several renewals with the same ttl may answer out of order.
+func (l *Lock) renew(ctx context.Context, ttl time.Duration) error {
+	return l.setLease(ctx, ttl, true)
+}
+
+// setLease replaces l's lease with ttl in Redis, and the end of the lease on our clock
+// with the one it grants, or with the later of the two when forward is set.
+func (l *Lock) setLease(ctx context.Context, ttl time.Duration, forward bool) error {
 	if err := checkTTL(ttl); err != nil {
 		return fmt.Errorf("mutex: extend %s: %w", l.what(), err)
 	}
@@ -129,7 +141,9 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("mutex: extend %s: %w", l.what(), ErrNotHeld)
 	}
 	l.mu.Lock()
-	l.until = leaseEnd(sent, ttl)
+	if end := leaseEnd(sent, ttl); !forward || end.After(l.until) {
+		l.until = end
+	}
 	l.mu.Unlock()
 	return nil
 }
@@ -138,14 +152,14 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 // It returns an error wrapping ErrNotHeld when the lease had expired, another token
 // holds the key, or ForceRelease took it (then nothing changes), and a wrapped Redis
 // error when Redis cannot be reached (then the key frees itself when the lease runs
-// out).
+// out). The release is sent even when ctx is done, and ctx's end does not stop it: it
+// has 5s of its own, so that a deadline that comes as the work ends does not leave
+// the key held for the rest of its lease.
 //
-// Repeating an Unlock that succeeded returns nil while the key is free (for 10s) or
-// held by the waiter it was handed to, or by whoever took it next: that is how a
-// release whose reply was lost, and which go-redis sent again, is told apart from a
-// lost lease. Only when the key has changed hands twice more before the repeat
-// arrives does it return ErrNotHeld; WithLock does not count that as a lost lease.
-// Unlock on a nil *Lock returns ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
+// Repeating an Unlock that succeeded returns nil for 10s, however often the key
+// changed hands since: that is how a release whose reply was lost, and which go-redis
+// sent again, is told apart from a lost lease. Unlock on a nil *Lock returns
+// ErrNotHeld, so `defer l.Unlock(ctx)` is always safe.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if l == nil {
 		return ErrNotHeld
@@ -162,8 +176,16 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	return err
 }
 
-// unlock is Unlock without events: WithLock decides what its result means.
+// releaseTimeout bounds a release that the caller's context no longer bounds.
+const releaseTimeout = 5 * time.Second
+
+// unlock is Unlock without events: WithLock decides what its result means. The
+// release is sent whether or not ctx is done, and does not end with it: a lock must
+// not stay held for the rest of its lease because the caller's deadline came as fn
+// returned.
 func (l *Lock) unlock(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
 	r, err := l.kind.release(ctx, l.keys, l.id, "", l.fence)
 	switch {
 	case err != nil:

@@ -24,7 +24,7 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // runs fn while holding it, and releases it when fn returns or panics.
 //
 // While fn runs the lease is renewed every ttl/3 (a lock handed over by a releasing
-// holder starts with a 250ms lease, renewed halfway through). If Redis says the lock
+// holder starts with a 250ms lease, renewed at once). If Redis says the lock
 // is no longer ours, or renewals fail until the lease would have ended on this
 // process's own monotonic clock (a partition, a long pause), fn's context is cancelled
 // at once, with a cause wrapping ErrNotHeld, and WithLock returns an error wrapping
@@ -34,9 +34,10 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // WithLock returns the error of taking the lock (ErrNotObtained, ctx's error, a Redis
 // error) without calling fn; otherwise fn's error, joined with any error of the
 // release (a release Redis could not confirm frees itself when the lease runs out).
-// A lease is reported lost only if it was: a release sent inside a valid lease that
-// finds the key gone or re-taken (its first reply was lost and the key changed hands
-// since) is not an error.
+// A lease is reported lost only if it was: a release whose first reply was lost
+// recognises itself however often the key changed hands since, and a release that
+// finds the key gone or re-taken otherwise means the lease ended while fn ran. The
+// release is sent even when ctx has ended (see Lock.Unlock).
 // No goroutine outlives the call. It is safe for concurrent use; fn must honour its
 // context to benefit from the cancellation.
 func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) error {
@@ -87,23 +88,17 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 		stop()
 		leaseErr := <-lost
 		cancelFn(context.Canceled)
-		rctx, rcancel := releaseContext(ctx, ttl)
-		sent := time.Now()
-		uerr := l.unlock(rctx)
-		rcancel()
+		uerr := l.unlock(ctx)
 		if errors.Is(uerr, ErrNotHeld) {
-			if errors.Is(uerr, errForced) {
-				if leaseErr == nil {
-					leaseErr = uerr // fn ran on while an operator took the lock away
+			// A release repeated after a lost reply knows itself (Unlock): the lease
+			// really ended while fn ran, or an operator took the lock away.
+			if leaseErr == nil {
+				leaseErr = uerr
+				if !errors.Is(uerr, errForced) {
+					leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", l.what(), ErrNotHeld)
 				}
-				uerr = nil
-			} else if sent.Before(l.validUntil()) {
-				// Sent inside a valid lease: the release was applied before, its reply
-				// lost, and the key has changed hands since. fn ran under the lock.
-				uerr = nil
-			} else if leaseErr == nil {
-				leaseErr = fmt.Errorf("mutex: lease on %s ended before the release: %w", l.what(), ErrNotHeld)
 			}
+			uerr = nil
 		}
 		switch {
 		case leaseErr != nil:
@@ -126,72 +121,81 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 	return fn(fctx)
 }
 
-// releaseContext is ctx, or when ctx is already done, a context that still lets the
-// release through for a bounded time: a lock must not stay held for a whole lease
-// because the caller's context ended.
-func releaseContext(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
-	if ctx.Err() == nil {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(context.WithoutCancel(ctx), min(ttl, 5*time.Second))
-}
-
 // keepAlive renews l every ttl/3 until ctx is done. When the lease is lost, or cannot
 // be renewed before it ends on our own clock, it cancels fn through cancel and returns
 // an error wrapping ErrNotHeld; otherwise it returns nil.
 //
 // A renewal runs in its own goroutine so that a Redis that does not answer cannot
 // delay the cancellation past the lease's end (go-redis honours a context's deadline
-// only with ContextTimeoutEnabled). keepAlive waits for it before returning.
+// only with ContextTimeoutEnabled). Retries fit the lease actually held, which after a
+// hand-over is short: a renewal that failed is tried again within a quarter of the
+// lease left, and one that has not answered within a third of the lease left is sent
+// again beside it (a renewal is idempotent), up to maxRenewals at once. keepAlive waits
+// for them before returning.
 func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.CancelCauseFunc) error {
 	every := max(ttl/3, time.Millisecond)
 	now := time.Now()
-	// A lock handed over from a releasing holder may start with a lease shorter
-	// than ttl: then the first renewal comes halfway through it.
-	next := now.Add(min(every, l.validUntil().Sub(now)/2))
+	// A lock handed over from a releasing holder starts with a lease shorter than
+	// ttl, which a pause would soon end: then the first renewal goes at once.
+	next := now.Add(every)
+	if l.validUntil().Sub(now) < every {
+		next = now
+	}
 	timer := time.NewTimer(every)
 	defer timer.Stop()
+	type result struct {
+		sent time.Time
+		err  error
+	}
 	var (
-		inflight chan error // non-nil while a renewal runs
-		sent     time.Time
+		results  = make(chan result, maxRenewals)
+		inflight int
 		lastErr  error
+		renewed  time.Time // when the last renewal that succeeded was sent
 	)
 	defer func() {
-		if inflight != nil {
-			<-inflight
+		for ; inflight > 0; inflight-- {
+			<-results
 		}
 	}()
 	for {
 		wake := l.validUntil()
-		if inflight == nil && next.Before(wake) {
+		if inflight < maxRenewals && next.Before(wake) {
 			wake = next
 		}
 		timer.Reset(max(time.Until(wake), 0))
 		select {
 		case <-ctx.Done():
 			return nil
-		case err := <-inflight:
-			inflight = nil
+		case r := <-results:
+			inflight--
 			switch {
-			case err == nil:
-				lastErr = nil
-				next = sent.Add(every)
-			case errors.Is(err, ErrNotHeld):
-				err = fmt.Errorf("mutex: lease on %s lost: %w", l.what(), ErrNotHeld)
+			case r.err == nil:
+				if r.sent.After(renewed) {
+					renewed, lastErr, next = r.sent, nil, r.sent.Add(every)
+				}
+			case errors.Is(r.err, ErrNotHeld):
+				err := fmt.Errorf("mutex: lease on %s lost: %w", l.what(), ErrNotHeld)
 				cancel(err)
 				return err
 			case ctx.Err() != nil:
 				return nil
+			case r.sent.Before(renewed):
+				// A later renewal succeeded: this one's failure changes nothing.
 			default:
 				// Redis did not answer: try again soon, well before the lease ends.
 				if lastErr == nil {
 					l.c.log().LogAttrs(ctx, slog.LevelWarn, "mutex: renewing a lease got no answer; trying again before it ends",
 						slog.String("key", shortkey.Shorten(l.key)), slog.String("name", l.by.name), slog.String("id", l.by.id),
-						slog.String("error", err.Error()))
+						slog.String("error", r.err.Error()))
 				}
-				l.emit(ctx, OpRenewFailed, err)
-				lastErr = err
-				next = time.Now().Add(every/8 + rand.N(every/8+time.Millisecond))
+				l.emit(ctx, OpRenewFailed, r.err)
+				lastErr = r.err
+				left := time.Until(l.validUntil())
+				retry := time.Now().Add(max(min(every/8+rand.N(every/8+time.Millisecond), left/4), time.Millisecond))
+				if retry.Before(next) {
+					next = retry
+				}
 			}
 			continue
 		case <-timer.C:
@@ -206,13 +210,19 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 			cancel(err)
 			return err
 		}
-		if inflight == nil && !now.Before(next) {
-			inflight, sent = make(chan error, 1), now
-			go func(res chan<- error) {
+		if inflight < maxRenewals && !now.Before(next) {
+			inflight++
+			// If this one has not answered within a third of the lease left, another
+			// goes beside it.
+			next = now.Add(max(until.Sub(now)/3, time.Millisecond))
+			go func(sent time.Time) {
 				rctx, rcancel := context.WithDeadline(ctx, until)
 				defer rcancel()
-				res <- l.extend(rctx, ttl)
-			}(inflight)
+				results <- result{sent, l.renew(rctx, ttl)}
+			}(now)
 		}
 	}
 }
+
+// maxRenewals is how many renewals of one lease keepAlive has on their way at once.
+const maxRenewals = 3

@@ -7,6 +7,10 @@ package store
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -173,3 +177,35 @@ func scanNode(ctx context.Context, node redis.UniversalClient, match, typ string
 		}
 	}
 }
+
+// Transient reports whether err, from a call of a Runner, says that Redis could not
+// be reached or could not serve the call for a while, so that the same call may
+// succeed later: the connection failed or timed out, go-redis's pool had no
+// connection, or the server answered that it is loading, read-only, without its
+// master, or a Cluster slot is moving. An error that Redis gives for the call itself
+// (a script error, a command the user may not run) is not transient, and neither is
+// a closed client or an ended context.
+func Transient(err error) bool {
+	var re redis.Error
+	var ne net.Error
+	switch {
+	case err == nil, errors.Is(err, redis.ErrClosed),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return false
+	case errors.As(err, &re):
+		for _, p := range transientReplies {
+			if strings.HasPrefix(re.Error(), p) {
+				return true
+			}
+		}
+		return false
+	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, redis.ErrPoolTimeout):
+		return true
+	}
+	return false
+}
+
+// transientReplies begin the error replies of a server that cannot serve a call for a
+// while.
+var transientReplies = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "BUSY ", "ERR max number of clients"}

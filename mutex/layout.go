@@ -2,6 +2,7 @@ package mutex
 
 import (
 	"crypto/rand"
+	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -30,11 +31,12 @@ const (
 	// so that a release of one kind never hands the key to a waiter of the other.
 	slotsSuffix = ":slots"
 	// releasedInfix names the key that marks, for tombstoneMillis, that an identity
-	// released its slot of a lock with Limit(n), or handed a plain lock to a waiter:
-	// <lock> + releasedInfix + the hex of the first 16 bytes of the identity's
-	// SHA-256, so that no token shows in a key name. Its value is the fence of what was
-	// released, so that the release, repeated after a lost reply, is recognised however
-	// often the key changed hands since.
+	// released what it held of a lock and the lock then passed to another holder
+	// (plain: a hand-over, or a new holder taking the releaser's tombstone; Limit(n):
+	// every release): <lock> + releasedInfix + the hex SHA-1 of the identity, which a
+	// script can compute (redis.sha1hex) and which shows no token. Its value is the
+	// fence of what was released, so that the release, repeated after a lost reply,
+	// is recognised however often the key changed hands since.
 	releasedInfix = ":released:"
 	// channelInfix: a Client listens for hand-overs on prefix + channelInfix + its
 	// id, where id is base64url (no '.').
@@ -49,11 +51,11 @@ func redisKey(prefix, key string) string {
 	return prefix + "{" + encodeKey(key) + "}"
 }
 
-// releasedKey is the key that marks that identity id released its slot of the lock
-// at rkey.
+// releasedKey is the key that marks that identity id released what it held of the
+// lock at rkey.
 func releasedKey(rkey, id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return rkey + releasedInfix + hex.EncodeToString(sum[:16])
+	sum := sha1.Sum([]byte(id))
+	return rkey + releasedInfix + hex.EncodeToString(sum[:])
 }
 
 // encodeKey maps every key to a distinct brace-free string of bounded length: '%',
@@ -323,7 +325,9 @@ local ID_AT = %d
 local LEN_DIGITS = %d
 local HELD, WAITED, RELEASED, FORCED = %d, %d, %d, %d
 local SLOTS_LIMIT, SLOTS_FENCE, SLOTS_PREV, SLOT_HOLDER = %q, %q, %q, %q
+local RELEASED_INFIX, TOMBSTONE_MILLIS = %q, %d
 local WAKE_RETRY = %q
 `, fenceDigits, stateAt+1, sinceAt+1, idAt+1, lenDigits,
 	stateHeld, stateWaited, stateReleased, forcedMark,
-	slotsLimit, slotsFence, slotsPrev, slotHolder, wakeRetry)
+	slotsLimit, slotsFence, slotsPrev, slotHolder,
+	releasedInfix, tombstoneMillis, wakeRetry)

@@ -14,7 +14,8 @@ import (
 // TestLayoutRoundTrip writes each stored format in one language and reads it in the
 // other: a lock value and a tombstone written by common.lua are read by parseValue,
 // a queue entry built by entryHead by common.lua's entry, and a wake-up message by
-// parseWake, so that layout.go and the Lua that mirrors it cannot drift apart.
+// parseWake, and the mark of a release is named alike, so that layout.go and the Lua
+// that mirrors it cannot drift apart.
 func TestLayoutRoundTrip(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
@@ -27,11 +28,12 @@ local v = value(tonumber(ARGV[1]), HELD, tonumber(ARGV[2]), ARGV[3] .. ARGV[4], 
 local client, waiter, lease, who = entry(ARGV[6])
 local h, p = holder(v)
 return {v, withState(v, WAITED), tombstone(v, ARGV[3], ARGV[5]), client, waiter, lease, who, h, p,
-  tostring(ours(v, ARGV[3])), tostring(held(tombstone(v, ARGV[3], ''))), tostring(fenceOf(v))}`)
+  tostring(ours(v, ARGV[3])), tostring(held(tombstone(v, ARGV[3], ''))), tostring(fenceOf(v)),
+  'lock' .. RELEASED_INFIX .. redis.sha1hex(ARGV[3])}`)
 		res, err := store.New(b.rdb).Run(ctx, probe, nil,
 			1234567, 1700000000123456, id, desc, prev, head+" "+id+desc).StringSlice()
 		require.NoError(t, err)
-		require.Len(t, res, 12)
+		require.Len(t, res, 13)
 
 		lv, ok := parseValue(res[0])
 		require.True(t, ok, "Lua's value parses in Go: %q", res[0])
@@ -50,6 +52,7 @@ return {v, withState(v, WAITED), tombstone(v, ARGV[3], ARGV[5]), client, waiter,
 		assert.Equal(t, Holder{Host: "host-1", PID: 42, Name: "pay", ID: "t\u00e91"}, parseEntry(head+" "+id+desc))
 		assert.Equal(t, []string{id, prev}, res[7:9], "holder() finds the identity and the previous holder")
 		assert.Equal(t, []string{"true", "false", "1234567"}, res[9:12])
+		assert.Equal(t, releasedKey("lock", id), res[12], "the mark of a release, named alike by Go and by markReleased")
 	})
 }
 

@@ -54,6 +54,21 @@ local function tombstone(v, id, prev)
   return string.sub(v, 1, STATE_AT - 1) .. string.char(RELEASED) .. string.sub(v, SINCE_AT, ID_AT - 1) .. id .. NO_DESCRIPTION .. prev
 end
 
+-- markReleased records, when value v of lock is a tombstone about to be replaced by
+-- another holder, that its releaser released it, for TOMBSTONE_MILLIS: a release
+-- repeated after a lost reply then finds its mark however often the key changes hands
+-- (plain_release.lua). The mark's key (layout.go) is computed here, as the releaser is
+-- known only from v; it shares the lock's hash tag, so its Redis Cluster slot.
+local function markReleased(lock, v)
+  if v and not held(v) then
+    local r = holder(v)
+    if r ~= NO_DESCRIPTION then
+      -- NX: a mark the release wrote itself (a slot's, with its own fence) stands.
+      redis.call('SET', lock .. RELEASED_INFIX .. redis.sha1hex(r), string.sub(v, 1, FENCE_DIGITS), 'NX', 'PX', TOMBSTONE_MILLIS)
+    end
+  end
+end
+
 -- serverMicros is the server time in microseconds.
 local function serverMicros()
   local t = redis.call('TIME')

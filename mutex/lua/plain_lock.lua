@@ -94,7 +94,8 @@ local function take(lock, q, id, ttl, head, queued, desc)
     end
     return 0, pttl
   end
-  -- Free: absent, or a tombstone.
+  -- Free: absent, or a tombstone, which goes now.
+  markReleased(lock, v)
   local prev = previous(v)
   local served, last = serve(lock, q, v, prev, e)
   if served == 'other' then
@@ -128,6 +129,7 @@ if ARGV[6] == '1' and n > 1 then
         return {0, redis.call('PTTL', lock), i}
       end
     elseif serve(lock, q, v, previous(v), nil) == 'other' then
+      markReleased(lock, v)
       return {0, redis.call('PTTL', lock), i}
     end
   end

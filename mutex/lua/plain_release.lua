@@ -3,9 +3,11 @@
 --
 -- KEYS[3i-2] -> <prefix>{<key i>}                     lock i (layout.go)
 -- KEYS[3i-1] -> <prefix>{<key i>}:wait                its waiters, oldest first (layout.go)
--- KEYS[3i]   -> <prefix>{<key i>}:released:<digest>   set for a while to the fence of
---                                                     the lock this identity released
---                                                     (layout.go)
+-- KEYS[3i]   -> <prefix>{<key i>}:released:<digest>   the mark of this identity's
+--                                                     release (layout.go): set when it
+--                                                     hands the lock over here, or by
+--                                                     the next holder that takes its
+--                                                     tombstone (markReleased)
 -- One lock, or several held as one (in Redis Cluster the caller sends one per call).
 -- ARGV[1] -> identity of the holder
 -- ARGV[2] -> a waiter that gives up, to take out of every queue first (its entry as
@@ -66,11 +68,12 @@ local function release(lock, q, mark)
   if state == RELEASED then
     return 1
   end
-  redis.call('SET', mark, string.sub(v, 1, FENCE_DIGITS), 'PX', ARGV[5])
   if state == WAITED then
+    local fence = string.sub(v, 1, FENCE_DIGITS)
     local given
     given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4], nil)
     if given then
+      redis.call('SET', mark, fence, 'PX', ARGV[5])
       return 1
     end
   end

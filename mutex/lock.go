@@ -152,9 +152,9 @@ func (l *Lock) setLease(ctx context.Context, ttl time.Duration, forward bool) er
 // It returns an error wrapping ErrNotHeld when the lease had expired, another token
 // holds the key, or ForceRelease took it (then nothing changes), and a wrapped Redis
 // error when Redis cannot be reached (then the key frees itself when the lease runs
-// out). The release is sent even when ctx is done, and ctx's end does not stop it: it
-// has 5s of its own, so that a deadline that comes as the work ends does not leave
-// the key held for the rest of its lease.
+// out). The release is sent even when ctx is done, and ctx's end does not stop it
+// (the redis client's own timeouts bound it), so that a deadline that comes as the
+// work ends does not leave the key held for the rest of its lease.
 //
 // Repeating an Unlock that succeeded returns nil for 10s, however often the key
 // changed hands since: that is how a release whose reply was lost, and which go-redis
@@ -176,17 +176,12 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	return err
 }
 
-// releaseTimeout bounds a release that the caller's context no longer bounds.
-const releaseTimeout = 5 * time.Second
-
 // unlock is Unlock without events: WithLock decides what its result means. The
 // release is sent whether or not ctx is done, and does not end with it: a lock must
 // not stay held for the rest of its lease because the caller's deadline came as fn
-// returned.
+// returned. The redis client's own timeouts bound it.
 func (l *Lock) unlock(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	r, err := l.kind.release(ctx, l.keys, l.id, "", l.fence)
+	r, err := l.kind.release(context.WithoutCancel(ctx), l.keys, l.id, "", l.fence)
 	switch {
 	case err != nil:
 		return fmt.Errorf("mutex: unlock %s: %w", l.what(), err)

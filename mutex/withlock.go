@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
@@ -80,13 +81,10 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 	}
 
 	fctx, cancelFn := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
-	kctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	lost := make(chan error, 1)
-	go func() { lost <- l.keepAlive(kctx, ttl, cancelFn) }()
+	r := l.renewFrom(ctx, ttl, cancelFn)
 
 	defer func() {
-		stop()
-		leaseErr := <-lost
+		leaseErr := r.end()
 		cancelFn(context.Canceled)
 		uerr := l.unlock(ctx)
 		if errors.Is(uerr, ErrNotHeld) {
@@ -121,7 +119,58 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 	return fn(fctx)
 }
 
-// keepAlive renews l every ttl/3 until ctx is done. When the lease is lost, or cannot
+// renewal is the renewal of a lock while WithLock's fn runs. It starts when the
+// first renewal is due, so that fn that end sooner (most tasks) cost neither a
+// goroutine nor a context for it.
+type renewal struct {
+	timer *time.Timer
+
+	mu    sync.Mutex
+	ended bool
+	stop  context.CancelFunc // nil until started
+	lost  chan error         // keepAlive's result, once started
+}
+
+// renewFrom renews l for ttl from when its first renewal is due (at once for a lease
+// shorter than a third of ttl: a lock handed over by a release), cancelling fn's
+// context through cancel when the lease is lost (see keepAlive).
+func (l *Lock) renewFrom(ctx context.Context, ttl time.Duration, cancel context.CancelCauseFunc) *renewal {
+	r := &renewal{}
+	every := max(ttl/3, time.Millisecond)
+	first := every
+	if time.Until(l.validUntil()) < every {
+		first = 0
+	}
+	r.timer = time.AfterFunc(first, func() {
+		r.mu.Lock()
+		if r.ended {
+			r.mu.Unlock()
+			return
+		}
+		kctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		r.stop, r.lost = stop, make(chan error, 1)
+		r.mu.Unlock()
+		r.lost <- l.keepAlive(kctx, ttl, cancel)
+	})
+	return r
+}
+
+// end stops the renewal, waiting for a renewal on its way, and returns keepAlive's
+// result: an error wrapping ErrNotHeld when the lease was lost.
+func (r *renewal) end() error {
+	r.timer.Stop()
+	r.mu.Lock()
+	r.ended = true
+	stop, lost := r.stop, r.lost
+	r.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	return <-lost
+}
+
+// keepAlive renews l every ttl/3 until ctx is done, the first time at once. When the lease is lost, or cannot
 // be renewed before it ends on our own clock, it cancels fn through cancel and returns
 // an error wrapping ErrNotHeld; otherwise it returns nil.
 //
@@ -134,13 +183,7 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 // for them before returning.
 func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.CancelCauseFunc) error {
 	every := max(ttl/3, time.Millisecond)
-	now := time.Now()
-	// A lock handed over from a releasing holder starts with a lease shorter than
-	// ttl, which a pause would soon end: then the first renewal goes at once.
-	next := now.Add(every)
-	if l.validUntil().Sub(now) < every {
-		next = now
-	}
+	next := time.Now()
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	type result struct {

@@ -57,11 +57,14 @@ func MaxRescheduleTime(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRescheduleTime = d })
 }
 
-// rescheduleScript counts a task's conflicts; see reschedule.lua.
+// rescheduleScript counts a task's conflicts; see reschedule.lua. It is a Redis
+// function library of its own (see store.Runner.Run), as package mutex's scripts are
+// theirs.
 var (
 	//go:embed reschedule.lua
 	rescheduleLua    string
 	rescheduleScript = store.NewScript("reschedule", rescheduleLua)
+	_                = store.NewLibrary("asynqmutex_reschedule", rescheduleScript)
 )
 
 // The modes of rescheduleScript.

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
@@ -422,4 +423,61 @@ func TestMaxReschedulesSeveralKeys(t *testing.T) {
 	for _, w := range []string{`["xfer","A"]`, `["xfer","B"]`, "reschedule cap MaxReschedules(1) reached", "2 conflicts"} {
 		assert.Contains(t, err.Error(), w)
 	}
+}
+
+// TestRescheduleScriptSentAsFunction: on a real redis-server the count goes by FCALL,
+// as the function of its own library, and on miniredis, which has no functions, by
+// EVALSHA; each backend is the other's control.
+func TestRescheduleScriptSentAsFunction(t *testing.T) {
+	for _, tc := range []struct {
+		backend string
+		addr    func(t *testing.T) string
+		want    string
+	}{
+		{"redis-server", func(t *testing.T) string { return redistest.Start(t).Addr() }, rescheduleScript.Function()},
+		{"miniredis", func(t *testing.T) string { return miniredis.RunT(t).Addr() }, rescheduleScript.Hash()},
+	} {
+		t.Run(tc.backend, func(t *testing.T) {
+			mw := cappedMiddleware(t, &redis.Options{Addr: tc.addr(t)})
+			var (
+				mu   sync.Mutex
+				sent []string // what each call of server-side code names: a function, a digest or a source
+			)
+			mw.locks.Redis().(*redis.Client).AddHook(scriptWatcher(func(cmd redis.Cmder) {
+				switch cmd.Name() {
+				case "fcall", "evalsha", "eval":
+					mu.Lock()
+					sent = append(sent, cmd.Args()[1].(string))
+					mu.Unlock()
+				}
+			}))
+			ctx := context.Background()
+			meta := taskMeta{id: "t-fn", queue: "default"}
+			for want := 1; want <= 3; want++ {
+				r, err := mw.record(ctx, meta, countConflict)
+				require.NoError(t, err)
+				require.Equal(t, want, r.n)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.NotEmpty(t, sent)
+			assert.Equal(t, tc.want, sent[len(sent)-1], "the last count")
+			assert.Equal(t, tc.want, sent[len(sent)-2], "and the one before")
+		})
+	}
+}
+
+// scriptWatcher is a go-redis hook that shows every command to a function before
+// sending it.
+type scriptWatcher func(redis.Cmder)
+
+func (scriptWatcher) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (w scriptWatcher) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		w(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (scriptWatcher) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

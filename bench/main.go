@@ -118,7 +118,7 @@ func run(out io.Writer, o options) error {
 
 	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
 		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
-	for _, g := range []*group{lockGroup, asynqGroup, hookGroup, semGroup, keysGroup} {
+	for _, g := range []*group{lockGroup, asynqGroup, hookGroup, semGroup, keysGroup, functionsGroup} {
 		printGroup(out, g, todo, results)
 	}
 	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")

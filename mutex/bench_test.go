@@ -377,7 +377,7 @@ func BenchmarkLimitServerTime(b *testing.B) {
 				}
 				d := st.Sub(before[cmd])
 				calls += d.Calls
-				if cmd == "evalsha" || cmd == "eval" {
+				if cmd == "fcall" || cmd == "evalsha" || cmd == "eval" {
 					usec += d.Usec
 				}
 			}

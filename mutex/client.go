@@ -56,8 +56,10 @@ func Prefix(p string) Option {
 }
 
 // New returns a Client that keeps its locks in client, which may be a single-node,
-// Sentinel failover or Cluster client. The scripts are sent with EVALSHA and loaded on
-// first use, so New does no I/O. New panics if client is nil.
+// Sentinel failover or Cluster client. The scripts are loaded on first use, as one
+// function library called with FCALL where the server (Redis 7 and later) and the
+// user's ACL allow, and otherwise sent with EVALSHA, so New does no I/O. New panics if
+// client is nil.
 func New(client redis.UniversalClient, opts ...Option) *Client {
 	if client == nil {
 		panic("mutex.New: nil redis client")

@@ -51,7 +51,7 @@ var _ redis.Hook = (*loseReply)(nil)
 
 func isLockScript(cmd redis.Cmder) bool {
 	args := cmd.Args()
-	return len(args) > 1 && (args[1] == plainLockScript.Hash() || args[1] == plainLockScript.Source())
+	return len(args) > 1 && (args[1] == plainLockScript.Function() || args[1] == plainLockScript.Hash() || args[1] == plainLockScript.Source())
 }
 
 func TestLostReplyDoesNotLeak(t *testing.T) {

@@ -323,11 +323,12 @@ local STATE_AT = %d
 local SINCE_AT = %d
 local ID_AT = %d
 local LEN_DIGITS = %d
+local NO_DESCRIPTION = %q -- a counted empty text
 local HELD, WAITED, RELEASED, FORCED = %d, %d, %d, %d
 local SLOTS_LIMIT, SLOTS_FENCE, SLOTS_PREV, SLOT_HOLDER = %q, %q, %q, %q
 local RELEASED_INFIX, TOMBSTONE_MILLIS = %q, %d
 local WAKE_RETRY = %q
-`, fenceDigits, stateAt+1, sinceAt+1, idAt+1, lenDigits,
+`, fenceDigits, stateAt+1, sinceAt+1, idAt+1, lenDigits, counted(""),
 	stateHeld, stateWaited, stateReleased, forcedMark,
 	slotsLimit, slotsFence, slotsPrev, slotHolder,
 	releasedInfix, tombstoneMillis, wakeRetry)

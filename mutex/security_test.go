@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,13 +24,18 @@ import (
 // aclRules are the only permissions the library needs, for the default prefix: its
 // keys and channels, the script commands, the commands the scripts call, and what
 // go-redis sends on connecting and subscribing. The README quotes them.
-const aclRules = workerACLRules + " " + limitACLRules + " " + operatorACLRules
+const aclRules = workerACLRules + " " + functionACLRules + " " + limitACLRules + " " + operatorACLRules
 
 // workerACLRules are what a worker needs: locking, waiting, renewing, releasing,
 // one key or several.
 const workerACLRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
 	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish"
+
+// functionACLRules let a worker run the steps as Redis functions (FCALL), loading the
+// library where it is missing; without them it sends EVALSHA. The contract tests run
+// as a user with them (aclUser) and as users without (the others).
+const functionACLRules = "+fcall +function|load"
 
 // limitACLRules are what a worker needs more for locks with Limit(n).
 const limitACLRules = "+type +del +hget +hgetall +hset +hdel"
@@ -39,8 +45,9 @@ const operatorACLRules = "+lrange +llen +scan +type +del"
 
 const (
 	workerUser   = "worker"
-	limiterUser  = "limiter"  // workerACLRules and limitACLRules
-	operatorUser = "operator" // workerACLRules and operatorACLRules
+	functionUser = "functions" // workerACLRules and functionACLRules
+	limiterUser  = "limiter"   // workerACLRules and limitACLRules
+	operatorUser = "operator"  // workerACLRules and operatorACLRules
 )
 
 // certDir holds the shared server's certificates; TestMain removes it.
@@ -74,7 +81,8 @@ func startSharedServer() (*redistest.Server, error) {
 	admin := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	defer admin.Close()
 	for user, rules := range map[string]string{aclUser: aclRules, workerUser: workerACLRules,
-		limiterUser: workerACLRules + " " + limitACLRules, operatorUser: workerACLRules + " " + operatorACLRules} {
+		functionUser: workerACLRules + " " + functionACLRules,
+		limiterUser:  workerACLRules + " " + limitACLRules, operatorUser: workerACLRules + " " + operatorACLRules} {
 		args := []any{"ACL", "SETUSER", user, "reset", "on", ">" + aclPassword}
 		for _, r := range strings.Fields(rules) {
 			args = append(args, r)
@@ -184,7 +192,7 @@ func TestREADMEQuotesTheACLRules(t *testing.T) {
 	i := strings.Index(text, "ACL SETUSER locker on >password ")
 	require.GreaterOrEqual(t, i, 0)
 	block := strings.Join(strings.Fields(text[i:i+strings.Index(text[i:], "```")]), " ")
-	for _, rules := range []string{workerACLRules, limitACLRules, operatorACLRules} {
+	for _, rules := range []string{workerACLRules, functionACLRules, limitACLRules, operatorACLRules} {
 		assert.Contains(t, block, strings.Join(strings.Fields(rules), " "))
 	}
 }
@@ -253,6 +261,61 @@ func TestWorkerACLSuffices(t *testing.T) {
 	}))
 	_, err = c.Inspect(ctx, key)
 	assert.ErrorContains(t, err, "can't run this command", "inspection needs the operator's rules")
+}
+
+// TestFunctionACL: a worker with the rules the README gives for functions runs every
+// step by FCALL, and one without them by EVALSHA, both through a hand-over, renewals
+// and a set of keys (TestWorkerACLSuffices checks the rest of a worker's life without
+// them).
+func TestFunctionACL(t *testing.T) {
+	sharedServer(t)
+	for user, want := range map[string]string{functionUser: "fcall", workerUser: "evalsha"} {
+		t.Run(user, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: user, Password: aclPassword})
+			t.Cleanup(func() { rdb.Close() })
+			var (
+				mu    sync.Mutex
+				names []string
+			)
+			rdb.AddHook(&rgHook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+				if rgIsScript(cmd) {
+					mu.Lock()
+					names = append(names, cmd.Name())
+					mu.Unlock()
+				}
+				return next(ctx, cmd)
+			}})
+			c := New(rdb)
+			defer c.Close()
+			ctx := context.Background()
+			key := uniqueKey(t)
+			l, err := c.TryLock(ctx, key, time.Minute)
+			require.NoError(t, err)
+			got := lockThenUnlock(c, key)
+			waitForWaiters(t, backend{admin: sharedServer(t)}, c, key, 1)
+			require.NoError(t, l.Extend(ctx, time.Minute))
+			require.NoError(t, l.Unlock(ctx))
+			require.NoError(t, <-got, "handed over and released")
+			require.NoError(t, c.WithLockKeys(ctx, []string{key, key + ":2"}, time.Minute, func(context.Context) error { return nil }))
+
+			mu.Lock()
+			defer mu.Unlock()
+			require.NotEmpty(t, names)
+			// Without the rules the first call is refused by the ACL before it runs;
+			// then EVALSHA for good (an EVAL where the script was not cached yet).
+			first := 0
+			if want == "evalsha" {
+				assert.Equal(t, "fcall", names[0], "the first call tries a function")
+				first = 1
+			}
+			for i, name := range names[first:] {
+				if want == "evalsha" && name == "eval" {
+					continue
+				}
+				assert.Equal(t, want, name, "call %d of %v", first+i, names)
+			}
+		})
+	}
 }
 
 // TestOperatorACLSuffices: with the worker's rules and the operator's line, Inspect,

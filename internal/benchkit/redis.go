@@ -23,10 +23,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// LockCommands are the commands a mutex.Client sends itself. INFO commandstats also
-// counts the commands that scripts run (SET, DEL, PUBLISH...), which cannot be told
-// apart from sent ones, but the lock never sends those directly.
-var LockCommands = []string{"evalsha", "eval", "script", "subscribe", "unsubscribe", "ping"}
+// LockCommands are the commands a mutex.Client sends itself: its steps by FCALL, or
+// by EVALSHA where the server has no functions, and what loads them. INFO
+// commandstats also counts the commands that scripts run (SET, DEL, PUBLISH...),
+// which cannot be told apart from sent ones, but the lock never sends those directly.
+var LockCommands = []string{"fcall", "function", "evalsha", "eval", "script", "subscribe", "unsubscribe", "ping"}
 
 // FloorCommands are the commands the raw SET NX/DEL floor sends.
 var FloorCommands = []string{"set", "del"}
@@ -131,7 +132,7 @@ func (h *AttemptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 func (h *AttemptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if name := cmd.Name(); name != "evalsha" && name != "eval" {
+		if name := cmd.Name(); name != "fcall" && name != "evalsha" && name != "eval" {
 			return err
 		}
 		c, ok := cmd.(*redis.Cmd)

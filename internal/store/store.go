@@ -1,8 +1,10 @@
 // Package store is the one seam between asynqmutex's packages and Redis: every script
 // they run, every subscription and every scan goes through a Runner, so that how a
-// script is sent (EVALSHA, loading it on NOSCRIPT), how keys of several Redis Cluster
-// slots are split into calls, and what wraps a call happen in one place. The callers
-// own their scripts, key names and stored formats; a Runner only carries them.
+// script is sent (FCALL of a function library, loaded where it is missing; EVALSHA
+// where functions are unavailable, loading the script on NOSCRIPT), how keys of
+// several Redis Cluster slots are split into calls, and what wraps a call happen in
+// one place. The callers own their scripts, key names and stored formats; a Runner
+// only carries them.
 package store
 
 import (
@@ -12,30 +14,10 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
-
-// Script is a Lua script of a package, sent by a Runner. name says which it is in
-// errors and traces.
-type Script struct {
-	name string
-	src  string
-	s    *redis.Script
-}
-
-// NewScript returns the script with source src, named name.
-func NewScript(name, src string) *Script {
-	return &Script{name: name, src: src, s: redis.NewScript(src)}
-}
-
-// Name returns the script's name.
-func (s *Script) Name() string { return s.name }
-
-// Hash returns the SHA-1 digest EVALSHA sends, and Source the source EVAL sends:
-// what a test that watches commands looks for.
-func (s *Script) Hash() string   { return s.s.Hash() }
-func (s *Script) Source() string { return s.src }
 
 // Runner runs scripts on one Redis deployment. It is safe for concurrent use.
 type Runner struct {
@@ -48,6 +30,9 @@ type Runner struct {
 	// only the subscribers of the node it ran on, so zero does not mean nobody
 	// listens.
 	countsSubscribers bool
+	// evalOnly is set, for good, once the server showed that this Runner cannot use
+	// functions (see Run); then every script goes by EVALSHA.
+	evalOnly atomic.Bool
 }
 
 // New returns a Runner on c, a single-node, Sentinel failover, Cluster or Ring client.
@@ -68,7 +53,34 @@ func (r *Runner) CountsSubscribers() bool { return r.countsSubscribers }
 
 // Run runs s with keys and args in one call. All keys must share a Redis Cluster hash
 // slot.
+//
+// A script of a library goes by FCALL. When the server answers that the function is
+// missing (it restarted without persistence, its functions were flushed, it is a new
+// node), Run loads the library (on every master of a Cluster) and calls again. When
+// the server has no functions (Redis before 7, or a server that does not implement
+// them), or the user may not call or load them (ACL), or the library cannot be loaded
+// otherwise, the Runner sends every script by EVALSHA from then on. EVALSHA sends the
+// script itself (EVAL) when the server has not cached it.
 func (r *Runner) Run(ctx context.Context, s *Script, keys []string, args ...any) *redis.Cmd {
+	if s.lib == nil || r.evalOnly.Load() {
+		return s.s.Run(ctx, r.c, keys, args...)
+	}
+	cmd := r.c.FCall(ctx, s.fn, keys, args...)
+	switch err := cmd.Err(); {
+	case functionMissing(err):
+		lerr := r.loadLibrary(ctx, s.lib)
+		if lerr == nil {
+			return r.c.FCall(ctx, s.fn, keys, args...)
+		}
+		if !r.refused(lerr) {
+			cmd.SetErr(lerr)
+			return cmd
+		}
+	case functionsUnavailable(err):
+		r.evalOnly.Store(true)
+	default:
+		return cmd
+	}
 	return s.s.Run(ctx, r.c, keys, args...)
 }
 
@@ -89,10 +101,87 @@ func (r *Runner) Each(ctx context.Context, s *Script, keys []string, per int, ar
 	}
 }
 
-// Load loads s into the script cache of the server that c reaches (every master of
-// a Cluster), so that the next EVALSHA finds it.
+// Load loads s where the Runner's next call of it will look: its library on the
+// server (every master of a Cluster), or, where the Runner uses EVALSHA (see Run), s
+// into the script cache of every server.
 func (r *Runner) Load(ctx context.Context, s *Script) error {
+	if s.lib != nil && !r.evalOnly.Load() {
+		err := r.loadLibrary(ctx, s.lib)
+		if err == nil || !r.refused(err) {
+			return err
+		}
+	}
 	return s.s.Load(ctx, r.c).Err()
+}
+
+// loadLibrary loads lib on the server (every master of a Cluster, every shard of a
+// Ring); a library already there counts as loaded.
+func (r *Runner) loadLibrary(ctx context.Context, lib *Library) error {
+	load := func(ctx context.Context, node *redis.Client) error { return loadOn(ctx, node, lib) }
+	switch c := r.c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, load)
+	case *redis.Ring:
+		return c.ForEachShard(ctx, load)
+	}
+	return loadOn(ctx, r.c, lib)
+}
+
+// loadOn loads lib on the server of c. Without REPLACE: a library of this name holds
+// this source (its name carries the source's digest), so "already exists" means that
+// another client loaded it first.
+func loadOn(ctx context.Context, c redis.Cmdable, lib *Library) error {
+	err := c.FunctionLoad(ctx, lib.src).Err()
+	if msg, ok := reply(err); ok && strings.HasPrefix(msg, "Library ") && strings.HasSuffix(msg, " already exists") {
+		return nil
+	}
+	return err
+}
+
+// refused reports whether err, a failed FUNCTION LOAD, is the server's lasting answer
+// (no such command, no permission, a library it cannot compile, no memory for it)
+// rather than a connection's or a passing state's (see Transient); then the Runner
+// sends scripts by EVALSHA from now on.
+func (r *Runner) refused(err error) bool {
+	if _, ok := reply(err); !ok || Transient(err) {
+		return false
+	}
+	r.evalOnly.Store(true)
+	return true
+}
+
+// functionMissing reports whether err is the server's answer to an FCALL of a
+// function it does not have.
+func functionMissing(err error) bool {
+	msg, ok := reply(err)
+	return ok && strings.HasPrefix(msg, "Function not found")
+}
+
+// functionsUnavailable reports whether err is the server's answer to an FCALL or a
+// FUNCTION command it does not know (Redis before 7: "unknown command"), or that the
+// user may not run (NOPERM naming the command; a NOPERM for a key or a channel says
+// nothing about functions). An error of the function's own code never says either.
+func functionsUnavailable(err error) bool {
+	msg, ok := reply(err)
+	switch {
+	case !ok:
+		return false
+	case strings.HasPrefix(msg, "unknown command"), strings.HasPrefix(msg, "unknown subcommand"):
+		return true
+	case strings.HasPrefix(msg, "NOPERM"):
+		return strings.Contains(msg, "'fcall'") || strings.Contains(msg, "'function")
+	}
+	return false
+}
+
+// reply is the text of err when it is an error reply of the server, without the
+// "ERR " that starts most.
+func reply(err error) (string, bool) {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return "", false
+	}
+	return strings.TrimPrefix(re.Error(), "ERR "), true
 }
 
 // Del deletes key.
@@ -131,15 +220,17 @@ func (r *Runner) Scan(ctx context.Context, match, typ string, s *Script, keysOf 
 		}
 	}
 	for _, node := range nodes {
-		if more, err := scanNode(ctx, node, match, typ, s, keysOf, args, fn); err != nil || !more {
+		if more, err := r.scanNode(ctx, node, match, typ, s, keysOf, args, fn); err != nil || !more {
 			return err
 		}
 	}
 	return nil
 }
 
-// scanNode is Scan on one node; more is false when fn stopped it.
-func scanNode(ctx context.Context, node redis.UniversalClient, match, typ string, s *Script, keysOf func(string) []string, args []any,
+// scanNode is Scan on one node; more is false when fn stopped it. Its calls follow
+// Run's rules: FCALL, loading the library on the node where it is missing, or EVALSHA,
+// loading the script on NOSCRIPT (see scanCalls).
+func (r *Runner) scanNode(ctx context.Context, node redis.UniversalClient, match, typ string, s *Script, keysOf func(string) []string, args []any,
 	fn func(string, *redis.Cmd) bool) (more bool, err error) {
 	var cursor uint64
 	for {
@@ -154,17 +245,9 @@ func scanNode(ctx context.Context, node redis.UniversalClient, match, typ string
 			return false, err
 		}
 		if len(keys) > 0 {
-			pipe := node.Pipeline()
-			cmds := make([]*redis.Cmd, len(keys))
-			for i, k := range keys {
-				cmds[i] = s.s.EvalSha(ctx, pipe, keysOf(k), args...)
-			}
-			_, _ = pipe.Exec(ctx)
-			if redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
-				if err := s.s.Load(ctx, node).Err(); err != nil {
-					return false, err
-				}
-				continue // the same cursor again, now that the script is loaded
+			cmds, err := r.scanCalls(ctx, node, keys, s, keysOf, args)
+			if err != nil {
+				return false, err
 			}
 			for i, cmd := range cmds {
 				if !fn(keys[i], cmd) {
@@ -174,6 +257,43 @@ func scanNode(ctx context.Context, node redis.UniversalClient, match, typ string
 		}
 		if cursor = next; cursor == 0 {
 			return true, nil
+		}
+	}
+}
+
+// scanCalls runs s on each of keys, found by a SCAN of node, in one pipeline. When
+// the first call found the function or the script missing, or functions unavailable,
+// it loads what was missing or turns to EVALSHA, and sends the pipeline again: at most
+// twice (FCALL, then EVALSHA, then EVALSHA with the script loaded).
+func (r *Runner) scanCalls(ctx context.Context, node redis.UniversalClient, keys []string, s *Script, keysOf func(string) []string, args []any) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(keys))
+	for attempt := 0; ; attempt++ {
+		fcall := s.lib != nil && !r.evalOnly.Load()
+		pipe := node.Pipeline()
+		for i, k := range keys {
+			if fcall {
+				cmds[i] = pipe.FCall(ctx, s.fn, keysOf(k), args...)
+			} else {
+				cmds[i] = s.s.EvalSha(ctx, pipe, keysOf(k), args...)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+		err := cmds[0].Err()
+		switch {
+		case attempt == 2:
+			return cmds, nil
+		case fcall && functionMissing(err):
+			if lerr := loadOn(ctx, node, s.lib); lerr != nil && !r.refused(lerr) {
+				return nil, lerr
+			}
+		case fcall && functionsUnavailable(err):
+			r.evalOnly.Store(true)
+		case !fcall && redis.HasErrorPrefix(err, "NOSCRIPT"):
+			if err := s.s.Load(ctx, node).Err(); err != nil {
+				return nil, err
+			}
+		default:
+			return cmds, nil
 		}
 	}
 }

@@ -8,9 +8,13 @@
 -- time in microseconds). They keep increasing across a restart without persistence,
 -- a restore from an older snapshot and a failover, as long as the server's clock does
 -- not go back.
+--
+-- The code outside functions, here and in the files shared after it, runs once when
+-- Redis loads the scripts as a function library (scripts.go), where the Lua
+-- libraries (string, math, tonumber...) do not exist yet: it only defines constants
+-- and functions.
 
 local FENCE_FORMAT = '%0' .. FENCE_DIGITS .. 'd'
-local NO_DESCRIPTION = string.rep('0', LEN_DIGITS) -- a counted empty text
 
 -- ours reports whether identity id holds (or, in a tombstone, released) value v.
 local function ours(v, id)

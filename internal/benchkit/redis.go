@@ -119,8 +119,8 @@ func (h *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // AttemptCounter is a go-redis hook on a mutex.Client's connection pool that counts
 // lock attempts, and those that found the key held. It recognises a lock attempt by
-// its reply: plain_lock.lua is the only script of package mutex that returns a pair
-// {fence, 0} or {0, pttl}.
+// its reply, an array of integers no other step of package mutex returns: a plain
+// lock's {fence} (one key) or {0, pttl, i} (busy), a slot's {fence, 0} or {0, ms}.
 type AttemptCounter struct{ Attempts, Failed atomic.Int64 }
 
 var _ redis.Hook = (*AttemptCounter)(nil)
@@ -139,9 +139,9 @@ func (h *AttemptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !ok {
 			return err
 		}
-		if res, rerr := c.Int64Slice(); rerr == nil && len(res) == 2 {
+		if res, rerr := c.Int64Slice(); rerr == nil && len(res) >= 1 && len(res) <= 3 {
 			h.Attempts.Add(1)
-			if res[0] == 0 {
+			if res[0] <= 0 {
 				h.Failed.Add(1)
 			}
 		}

@@ -27,7 +27,7 @@ func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
-	rules := strings.Fields(workerRulesFromREADME(t) + " " + capACLRules)
+	rules := strings.Fields(workerRulesFromDocs(t) + " " + capACLRules)
 	require.NoError(t, admin.Do(ctx, append([]any{"ACL", "SETUSER", "capworker", "on", ">capworker-secret"}, anys(rules)...)...).Err())
 	mw := cappedMiddleware(t, &redis.Options{Addr: srv.Addr(), Username: "capworker", Password: "capworker-secret"})
 	meta := taskMeta{id: "t-1", queue: "default"}
@@ -50,17 +50,16 @@ func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
 	assert.ErrorContains(t, err, "can't run this command", "the rules are what the script needs")
 }
 
-// workerRulesFromREADME is the worker's part of the ACL rules that docs/operating.md
-// quotes and explains; the README quotes the same lines, and package mutex's tests
-// check them against what its scripts need.
-func workerRulesFromREADME(t *testing.T) string {
+// workerRulesFromDocs is the worker's part of the ACL rules that docs/operating.md
+// quotes and explains; package mutex's tests check them against what its scripts
+// need.
+func workerRulesFromDocs(t *testing.T) string {
 	t.Helper()
 	block := aclBlock(t, "docs/operating.md")
-	require.Equal(t, block, aclBlock(t, "README.md"), "the README quotes the ACL rules of docs/operating.md")
 	require.Contains(t, block, "\n  "+capACLRules+"\n", "docs/operating.md quotes capACLRules")
 	lines := strings.Split(block, "\n")
 	// The rest of the first line and the next two: the rules of every worker (the
-	// lines after them are for Limit(n), for reschedule caps and for operators).
+	// lines after them are for functions, Limit(n), reschedule caps and operators).
 	return strings.TrimPrefix(lines[0], "ACL SETUSER locker on >password ") + " " + lines[1] + " " + lines[2]
 }
 

@@ -23,7 +23,7 @@ import (
 
 // aclRules are the only permissions the library needs, for the default prefix: its
 // keys and channels, the script commands, the commands the scripts call, and what
-// go-redis sends on connecting and subscribing. The README quotes them.
+// go-redis sends on connecting and subscribing. docs/operating.md quotes them.
 const aclRules = workerACLRules + " " + functionACLRules + " " + limitACLRules + " " + operatorACLRules
 
 // workerACLRules are what a worker needs: locking, waiting, renewing, releasing,
@@ -184,9 +184,10 @@ func TestErrorsBounded(t *testing.T) {
 	}
 }
 
-// TestREADMEQuotesTheACLRules: the Safety section of the README gives these lines.
-func TestREADMEQuotesTheACLRules(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestDocsQuoteTheACLRules: docs/operating.md, where the README sends operators,
+// gives these lines.
+func TestDocsQuoteTheACLRules(t *testing.T) {
+	b, err := os.ReadFile("../docs/operating.md")
 	require.NoError(t, err)
 	text := string(b)
 	i := strings.Index(text, "ACL SETUSER locker on >password ")
@@ -197,7 +198,7 @@ func TestREADMEQuotesTheACLRules(t *testing.T) {
 	}
 }
 
-// TestLimitACLSuffices: a worker with the rules the README gives for Limit(n) takes,
+// TestLimitACLSuffices: a worker with the rules docs/operating.md gives for Limit(n) takes,
 // waits for (a hand-over), renews and releases a slot; without them it is refused.
 func TestLimitACLSuffices(t *testing.T) {
 	sharedServer(t)
@@ -235,7 +236,7 @@ func TestLimitACLSuffices(t *testing.T) {
 }
 
 func TestWorkerACLSuffices(t *testing.T) {
-	// What the README tells workers to grant: lock, wait (a hand-over), renew,
+	// What docs/operating.md tells workers to grant: lock, wait (a hand-over), renew,
 	// release, one key or several; and Inspect needs more.
 	sharedServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: workerUser, Password: aclPassword})
@@ -263,7 +264,7 @@ func TestWorkerACLSuffices(t *testing.T) {
 	assert.ErrorContains(t, err, "can't run this command", "inspection needs the operator's rules")
 }
 
-// TestFunctionACL: a worker with the rules the README gives for functions runs every
+// TestFunctionACL: a worker with the rules docs/operating.md gives for functions runs every
 // step by FCALL, and one without them by EVALSHA, both through a hand-over, renewals
 // and a set of keys (TestWorkerACLSuffices checks the rest of a worker's life without
 // them).

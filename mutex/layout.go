@@ -230,8 +230,6 @@ func parseValue(v string) (lv lockValue, ok bool) {
 //
 //	slotsLimit      n, the holders it admits at once;
 //	slotsFence      the last fence issued;
-//	slotsPrev       the identity of the plain lock whose tombstone the hash replaced,
-//	                so that that lock's repeated release is recognised;
 //	slotHolder+id   one field per holder: "<lease end, server ms> <fence> <since,
 //	                server µs> <description>".
 //
@@ -241,7 +239,6 @@ func parseValue(v string) (lv lockValue, ok bool) {
 const (
 	slotsLimit = "limit"
 	slotsFence = "fence"
-	slotsPrev  = "prev"
 	slotHolder = "h"
 )
 
@@ -325,10 +322,10 @@ local ID_AT = %d
 local LEN_DIGITS = %d
 local NO_DESCRIPTION = %q -- a counted empty text
 local HELD, WAITED, RELEASED, FORCED = %d, %d, %d, %d
-local SLOTS_LIMIT, SLOTS_FENCE, SLOTS_PREV, SLOT_HOLDER = %q, %q, %q, %q
+local SLOTS_LIMIT, SLOTS_FENCE, SLOT_HOLDER = %q, %q, %q
 local RELEASED_INFIX, TOMBSTONE_MILLIS = %q, %d
 local WAKE_RETRY = %q
 `, fenceDigits, stateAt+1, sinceAt+1, idAt+1, lenDigits, counted(""),
 	stateHeld, stateWaited, stateReleased, forcedMark,
-	slotsLimit, slotsFence, slotsPrev, slotHolder,
+	slotsLimit, slotsFence, slotHolder,
 	releasedInfix, tombstoneMillis, wakeRetry)

@@ -24,9 +24,9 @@
 -- else 1.
 --
 -- A release that finds its own tombstone, or its mark (however often the lock
--- changed hands since), or the lock handed over by itself (the previous holder), or
--- taken by a lock with Limit(n) from its tombstone (the hash's SLOTS_PREV, slots.lua),
--- counts as released: it was applied already and its reply lost. The lock goes to the
+-- changed hands since, to a plain lock or one with Limit(n)), or the lock handed over
+-- by itself (the previous holder), counts as released: it was applied already and
+-- its reply lost. The lock goes to the
 -- oldest listening waiter (handOver, plain.lua); when nobody is left, it becomes a
 -- tombstone.
 
@@ -46,10 +46,7 @@ local function release(lock, q, mark)
   end
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- a lock with Limit(n), a hash, took the key after us?
-    if (ARGV[2] == '' and redis.pcall('HGET', lock, SLOTS_PREV) == ARGV[1]) or released(mark) then
-      return 1
-    end
-    return 0
+    return released(mark) and 1 or 0
   end
   if not v then
     return released(mark) and 1 or 0

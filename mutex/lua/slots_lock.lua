@@ -32,13 +32,8 @@ if t == 'string' then
     return {-2, redis.call('PTTL', KEYS[1])}
   end
   base = fenceOf(v) or 0
+  markReleased(KEYS[1], v) -- the tombstone goes: its releaser keeps its mark
   redis.call('DEL', KEYS[1])
-  local releaser = holder(v)
-  if releaser ~= NO_DESCRIPTION then
-    -- Kept so that the plain lock's release, repeated after a lost reply, is
-    -- recognised (plain_release.lua) as it would be on a plain lock.
-    redis.call('HSET', KEYS[1], SLOTS_PREV, releaser)
-  end
 elseif t ~= 'hash' and t ~= 'none' then
   return {-3, 0}
 end

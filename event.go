@@ -40,9 +40,9 @@ func (o Op) String() string {
 // zero.
 type Event struct {
 	Op Op
-	// TaskType and TaskID name the task; TaskID is empty outside an asynq server. The
-	// task type is cleaned as mutex.HeldBy cleans it (shortened past 100 bytes, valid
-	// UTF-8, no tabs), so that it matches the Name of the task's lock events.
+	// TaskType and TaskID name the task; TaskID is empty outside an asynq server.
+	// Both are cleaned as mutex.HeldBy cleans them (shortened past 100 bytes, valid
+	// UTF-8, no tabs), so that they match the Name and ID of the task's lock events.
 	TaskType, TaskID string
 	// Key is the task's lock key, and Keys all of them when it has several (see
 	// OnEach); empty for OpBadInput. Keys can be long and unbounded in number: never
@@ -78,7 +78,7 @@ func Observe(fn func(ctx context.Context, e Event)) Option {
 // emit passes e to the observers, if any.
 func (c *config) emit(ctx context.Context, e Event) {
 	if c.observe != nil {
-		e.TaskType = shortkey.Field(e.TaskType)
+		e.TaskType, e.TaskID = shortkey.Field(e.TaskType), shortkey.Field(e.TaskID)
 		c.observe(ctx, e)
 	}
 }

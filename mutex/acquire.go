@@ -45,8 +45,8 @@ func (c *Client) TryLock(ctx context.Context, key string, ttl time.Duration, opt
 // holding. Waiters are served in the order they first queued and keep their place
 // while they wait.
 //
-// Once waiting, a Redis that cannot be reached for a while (a restart, a failover, a
-// network blip) does not end the wait: the waiter tries again, with a growing pause
+// Once waiting, a Redis that cannot be reached for a while (a restart, dropped
+// connections) does not end the wait: the waiter tries again, with a growing pause
 // of up to a second and at once when its subscription is back, until the wait ends;
 // then it returns the last Redis error. A Redis that cannot be reached at the first
 // attempt, or that refuses the call, ends it at once.

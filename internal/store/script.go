@@ -68,14 +68,14 @@ func (s *Script) Flag(flags ...Flag) *Script {
 	return s
 }
 
-// Name returns the script's name.
-func (s *Script) Name() string { return s.name }
+// Hash returns the SHA-1 digest EVALSHA sends: what a test that watches commands
+// looks for.
+func (s *Script) Hash() string { return s.s.Hash() }
 
-// Hash returns the SHA-1 digest EVALSHA sends, and Source the source EVAL sends;
-// Function returns the name FCALL sends ("" outside a library): what a test that
-// watches commands looks for.
-func (s *Script) Hash() string     { return s.s.Hash() }
-func (s *Script) Source() string   { return s.src }
+// Source returns the source EVAL sends.
+func (s *Script) Source() string { return s.src }
+
+// Function returns the name FCALL sends, "" for a script of no library.
 func (s *Script) Function() string { return s.fn }
 
 // Library is scripts sent as one Redis function library (Redis 7 and later): loaded
@@ -122,9 +122,10 @@ func NewLibrary(base string, scripts ...*Script) *Library {
 	return l
 }
 
-// Name returns the library's name, digest included, and Source what FUNCTION LOAD
-// sends.
-func (l *Library) Name() string   { return l.name }
+// Name returns the library's name, digest included.
+func (l *Library) Name() string { return l.name }
+
+// Source returns what FUNCTION LOAD sends.
 func (l *Library) Source() string { return l.src }
 
 // librarySource is the source of the library named name of scripts: each body becomes

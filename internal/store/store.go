@@ -196,8 +196,8 @@ func (r *Runner) Subscribe(ctx context.Context) *redis.PubSub {
 }
 
 // Scan runs s on every key that matches the glob match and, unless typ is "", is of
-// Redis type typ (SCAN MATCH ... TYPE ...), on every master of a Cluster in turn, pipelining one
-// call per key a SCAN batch at a time. keysOf gives the keys of s's call for a key
+// Redis type typ (SCAN MATCH ... TYPE ...), on every master of a Cluster in turn,
+// pipelining one call per key a SCAN batch at a time. keysOf gives the keys of s's call for a key
 // found, args its arguments; fn gets the key and its reply, and stops the scan by
 // returning false (Scan then returns nil). It returns the first error of the scan or
 // of a call.

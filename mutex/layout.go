@@ -3,13 +3,14 @@ package mutex
 import (
 	"crypto/rand"
 	"crypto/sha1"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/asynqmutex/asynqmutex/internal/rediskey"
 )
 
 // This file is the one authority on what package mutex keeps in Redis: key names,
@@ -18,7 +19,7 @@ import (
 // constants of luaLayout, which is generated from the ones below and starts every
 // script; docs/protocol.md is the map for people.
 
-// Key names. A lock's Redis key is prefix + "{" + encodeKey(key) + "}"; everything
+// Key names. A lock's Redis key is prefix + "{" + rediskey.Encode(key) + "}"; everything
 // else of the lock starts with it, so that it shares the lock's Redis Cluster slot.
 const (
 	// DefaultPrefix is the prefix of every Redis key and channel a Client uses unless
@@ -41,14 +42,11 @@ const (
 	// channelInfix: a Client listens for hand-overs on prefix + channelInfix + its
 	// id, where id is base64url (no '.').
 	channelInfix = "wake:"
-
-	maxKeyLen  = 256 // longer encoded keys are digested
-	keepOfLong = 64  // bytes of a digested key kept readable
 )
 
 // redisKey is the Redis key of the lock on key under prefix.
 func redisKey(prefix, key string) string {
-	return prefix + "{" + encodeKey(key) + "}"
+	return prefix + "{" + rediskey.Encode(key) + "}"
 }
 
 // releasedKey is the key that marks that identity id released what it held of the
@@ -58,49 +56,9 @@ func releasedKey(rkey, id string) string {
 	return rkey + releasedInfix + hex.EncodeToString(sum[:])
 }
 
-// encodeKey maps every key to a distinct brace-free string of bounded length: '%',
-// '{', '}' and '#' are percent-escaped, and an escaped key longer than maxKeyLen is
-// cut to keepOfLong bytes followed by '#' and the hex SHA-256 of the whole key. Only
-// digested keys contain a raw '#', so the two forms never meet.
-func encodeKey(key string) string {
-	esc := key
-	if strings.ContainsAny(key, "%{}#") {
-		var b strings.Builder
-		b.Grow(len(key) + 16)
-		for i := 0; i < len(key); i++ {
-			switch ch := key[i]; ch {
-			case '%', '{', '}', '#':
-				b.WriteString(keyEscapes[ch])
-			default:
-				b.WriteByte(ch)
-			}
-		}
-		esc = b.String()
-	}
-	if len(esc) <= maxKeyLen {
-		return esc
-	}
-	head := esc[:keepOfLong]
-	if i := strings.LastIndexByte(head[len(head)-2:], '%'); i >= 0 {
-		head = head[:len(head)-2+i] // do not cut an escape in half
-	}
-	sum := sha256.Sum256([]byte(key))
-	return head + "#" + hex.EncodeToString(sum[:])
-}
-
-var keyEscapes = map[byte]string{'%': "%25", '{': "%7B", '}': "%7D", '#': "%23"}
-
-// keyUnescaper undoes keyEscapes in one pass from left to right, so that an escaped
-// '%' is never read as the start of another escape.
-var keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}", "%23", "#")
-
 // keyOf decodes the caller's key from a lock's Redis key under prefix.
 func keyOf(prefix, rkey string) (key string, digested bool) {
-	enc := strings.TrimSuffix(strings.TrimPrefix(rkey, prefix+"{"), "}")
-	if i := strings.IndexByte(enc, '#'); i >= 0 {
-		enc, digested = enc[:i], true
-	}
-	return keyUnescaper.Replace(enc), digested
+	return rediskey.Decode(strings.TrimSuffix(strings.TrimPrefix(rkey, prefix+"{"), "}"))
 }
 
 // Counted texts. An identity (what scripts compare to tell holders apart) is a

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // Holder is who holds, or waits for, a lock: what it recorded when it asked for it.
@@ -245,7 +247,7 @@ func serverTime(reply any) time.Time {
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 	return func(yield func(Info, error) bool) {
 		var stop error
-		err := c.run.Scan(ctx, escapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0},
+		err := c.run.Scan(ctx, store.EscapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0},
 			func(rkey string, cmd *redis.Cmd) bool {
 				res, err := cmd.Slice()
 				if err != nil {
@@ -273,18 +275,6 @@ func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 }
 
 var errStopList = errors.New("mutex: list stopped")
-
-// escapeGlob escapes the characters SCAN's MATCH gives meaning to.
-func escapeGlob(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
 
 // Released is what ForceRelease did.
 type Released struct {

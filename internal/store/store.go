@@ -195,6 +195,19 @@ func (r *Runner) Subscribe(ctx context.Context) *redis.PubSub {
 	return r.c.Subscribe(ctx)
 }
 
+// EscapeGlob escapes the characters SCAN's MATCH gives meaning to, so that a prefix
+// matches itself.
+func EscapeGlob(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // Scan runs s on every key that matches the glob match and, unless typ is "", is of
 // Redis type typ (SCAN MATCH ... TYPE ...), on every master of a Cluster in turn,
 // pipelining one call per key a SCAN batch at a time. keysOf gives the keys of s's call for a key

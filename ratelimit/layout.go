@@ -1,0 +1,68 @@
+package ratelimit
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/asynqmutex/asynqmutex/internal/rediskey"
+)
+
+// This file is the one authority on what package ratelimit keeps in Redis. The Lua
+// scripts (lua/) read the same layout through the constants of luaLayout, which is
+// generated from the ones below and starts every script; docs/protocol.md is the map
+// for people.
+//
+// A limited key is one sorted set, prefix + "rate:{" + rediskey.Encode(key) + "}",
+// whose members are:
+//   - a start taken: its member is "<identity> <interval µs> <burst>", the call's
+//     random identity and the limit it was taken under; its score is the key's
+//     theoretical arrival time (GCRA's TAT) after it, in microseconds of server time.
+//     Scores rise with every start, so the highest is the key's TAT, and a call sent
+//     again finds its own member. A start is kept keepMicros after its TAT has passed.
+//   - pauseMember, whose score is the end of a pause, in microseconds of server time.
+//
+// The set expires keepMicros after its last start's TAT or its pause's end.
+const (
+	// DefaultPrefix is the prefix of every Redis key a Limiter uses unless the
+	// Prefix option says otherwise. It is the lock's (mutex.DefaultPrefix): a rate
+	// key and a lock of one key share a Redis Cluster slot.
+	DefaultPrefix = "asynqmutex:"
+
+	rateInfix   = "rate:"
+	pauseMember = "~pause"
+	keepMicros  = int64(10 * time.Second / time.Microsecond)
+)
+
+// luaLayout defines the layout's constants for the scripts.
+var luaLayout = fmt.Sprintf("local PAUSE = %q\nlocal KEEP = %d\n", pauseMember, keepMicros)
+
+// redisKey is the Redis key of the limit on key under prefix.
+func redisKey(prefix, key string) string {
+	return prefix + rateInfix + "{" + rediskey.Encode(key) + "}"
+}
+
+// keyOf decodes the caller's key from a rate key under prefix.
+func keyOf(prefix, rkey string) (key string, digested bool) {
+	return rediskey.Decode(strings.TrimSuffix(strings.TrimPrefix(rkey, prefix+rateInfix+"{"), "}"))
+}
+
+// member is the member of a start taken by the call with identity id under lim.
+func member(id string, lim Limit) string {
+	return id + " " + strconv.FormatInt(lim.interval(), 10) + " " + strconv.FormatInt(lim.burst(), 10)
+}
+
+// memberLimit reads the spacing and burst of a start's member.
+func memberLimit(m string) (interval time.Duration, burst int, ok bool) {
+	f := strings.Fields(m)
+	if len(f) != 3 {
+		return 0, 0, false
+	}
+	us, err1 := strconv.ParseInt(f[1], 10, 64)
+	b, err2 := strconv.Atoi(f[2])
+	if err1 != nil || err2 != nil || us < 1 || b < 1 {
+		return 0, 0, false
+	}
+	return time.Duration(us) * time.Microsecond, b, true
+}

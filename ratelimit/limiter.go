@@ -1,0 +1,207 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/internal/store"
+)
+
+// Limiter decides, per key, whether a start may begin, on one Redis deployment.
+// Create it with New; it is safe for concurrent use, and one per process is enough.
+// Limiters with the same prefix on the same Redis share every key's limit.
+type Limiter struct {
+	run    *store.Runner // every Redis call of the Limiter goes through it
+	prefix string
+}
+
+// Option configures a Limiter in New.
+type Option interface{ apply(*Limiter) }
+
+type optionFunc func(*Limiter)
+
+func (f optionFunc) apply(l *Limiter) { f(l) }
+
+// Prefix sets the prefix of the Redis keys the Limiter uses. The default is
+// DefaultPrefix ("asynqmutex:"). Prefix panics if p contains '{' or '}', which would
+// move a key out of its Redis Cluster hash slot.
+func Prefix(p string) Option {
+	if strings.ContainsAny(p, "{}") {
+		panic(fmt.Sprintf("ratelimit.Prefix: prefix %q must not contain '{' or '}'", p))
+	}
+	return optionFunc(func(l *Limiter) { l.prefix = p })
+}
+
+// New returns a Limiter that keeps its keys in client, a single-node, Sentinel
+// failover or Cluster client. Its scripts are loaded on first use (as a function
+// library called with FCALL where the server and the ACL allow, EVALSHA elsewhere),
+// so New does no I/O. New panics if client is nil.
+func New(client redis.UniversalClient, opts ...Option) *Limiter {
+	if client == nil {
+		panic("ratelimit.New: nil redis client")
+	}
+	l := &Limiter{run: store.New(client), prefix: DefaultPrefix}
+	for _, o := range opts {
+		o.apply(l)
+	}
+	return l
+}
+
+// Result is the answer to Allow or Reserve.
+type Result struct {
+	// Allowed is true when the start was taken: it may begin after Delay.
+	Allowed bool
+	// Delay is, when Allowed, how long from the answer the start must wait before it
+	// begins: 0 from Allow, up to Reserve's maxWait from Reserve. When not Allowed,
+	// it is how long until a start could be taken, as far as the starts taken so far
+	// and a pause say: what Reserve's maxWait would have to be, and what a task sent
+	// back should wait.
+	Delay time.Duration
+	// Remaining is how many more starts could begin at once now.
+	Remaining int
+	// Paused is how long the key's pause (see Pause) still holds it back; 0
+	// without one, or when starts taken since hold it back longer.
+	Paused time.Duration
+
+	member string // the start taken, for Cancel
+}
+
+// Allow takes a start of key under lim if it may begin now. It is shorthand for
+// Reserve(ctx, key, lim, 0). On error nothing was taken, unless the error came after
+// Redis applied the call (a lost reply), in which case the start lapses unused.
+func (l *Limiter) Allow(ctx context.Context, key string, lim Limit) (Result, error) {
+	return l.Reserve(ctx, key, lim, 0)
+}
+
+// Reserve takes a start of key under lim if it may begin within maxWait: the Result
+// is Allowed and its Delay says when. A start that will not begin after all should be
+// given back with Cancel. When the next start comes later than maxWait, nothing is
+// taken and Delay says how long until it could. A pause counts as a start that
+// comes when it ends.
+//
+// The call is one script on the Redis server, decided by the server's clock. A call
+// go-redis sends again after a lost reply finds the start its first run took and
+// reports it, up to 10 seconds later. On error (Redis could not be reached, lim is
+// invalid, maxWait is negative) nothing was taken, except that a reply lost for good
+// may leave a start taken and unused. Reserve is safe for concurrent use.
+func (l *Limiter) Reserve(ctx context.Context, key string, lim Limit, maxWait time.Duration) (Result, error) {
+	if err := lim.Validate(); err != nil {
+		return Result{}, err
+	}
+	if maxWait < 0 {
+		return Result{}, fmt.Errorf("ratelimit: key %s: negative wait %v", show(key), maxWait)
+	}
+	m := member(newID(), lim)
+	res, err := l.run.Run(ctx, takeScript, []string{redisKey(l.prefix, key)},
+		m, lim.interval(), lim.burst(), int64(maxWait/time.Microsecond)).Int64Slice()
+	if err != nil {
+		return Result{}, fmt.Errorf("ratelimit: key %s: %w", show(key), err)
+	}
+	if len(res) != 4 {
+		return Result{}, fmt.Errorf("ratelimit: key %s: unexpected reply %v", show(key), res)
+	}
+	r := Result{Allowed: res[0] == 1, Delay: micros(res[1]), Remaining: int(res[2]), Paused: micros(res[3])}
+	if r.Allowed {
+		r.member = m
+	}
+	return r, nil
+}
+
+// Wait takes a start of key under lim and sleeps until it may begin. It waits at
+// most until ctx's deadline, less whatever the start's delay would overrun: when the
+// next start comes after the deadline, Wait returns at once an error wrapping
+// ErrLimited that says when it comes. When ctx ends while Wait sleeps, the start is
+// given back (see Cancel) and ctx's error returned. Without a deadline Wait accepts
+// any delay. Safe for concurrent use.
+func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
+	maxWait := time.Duration(1<<63 - 1)
+	if d, ok := ctx.Deadline(); ok {
+		maxWait = max(time.Until(d), 0)
+	}
+	r, err := l.Reserve(ctx, key, lim, maxWait)
+	switch {
+	case err != nil:
+		return err
+	case !r.Allowed:
+		return fmt.Errorf("%w: key %s: next start in %v, after the context's deadline", ErrLimited, show(key), r.Delay)
+	case r.Delay == 0:
+		return nil
+	}
+	timer := time.NewTimer(r.Delay)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		_, _ = l.Cancel(context.WithoutCancel(ctx), key, r)
+		return ctx.Err()
+	}
+}
+
+// Cancel gives back the start r took (r from Reserve or Allow, Allowed), for one that
+// will not begin: the key is then as if it had never been taken. It reports false,
+// and leaves the start taken, when another start was taken after it (the spacing of
+// later starts already counts it) or a pause began since, or when r took nothing.
+// Cancel does not check that r's start has not begun: give back only starts that
+// have not. Safe for concurrent use.
+func (l *Limiter) Cancel(ctx context.Context, key string, r Result) (bool, error) {
+	if r.member == "" {
+		return false, nil
+	}
+	n, err := l.run.Run(ctx, cancelScript, []string{redisKey(l.prefix, key)}, r.member).Int64()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: key %s: cancel: %w", show(key), err)
+	}
+	return n == 1, nil
+}
+
+// Pause lets no start of key begin for d from now, on every Limiter that shares the
+// Redis: for an API that answered 429 with a Retry-After. lim is the key's limit:
+// the first start after the pause begins when it ends, the next ones at lim's
+// spacing, with no burst. A pause, or starts already taken, that hold the key back
+// longer stay. Pause returns how long the key is held back from now. It returns an
+// error if lim is invalid, d is outside (0, MaxPer], or Redis could not be reached.
+// Safe for concurrent use.
+func (l *Limiter) Pause(ctx context.Context, key string, lim Limit, d time.Duration) (time.Duration, error) {
+	if err := lim.Validate(); err != nil {
+		return 0, err
+	}
+	if d <= 0 || d > MaxPer {
+		return 0, fmt.Errorf("ratelimit: key %s: pause %v outside (0, %v]", show(key), d, MaxPer)
+	}
+	left, err := l.run.Run(ctx, pauseScript, []string{redisKey(l.prefix, key)},
+		int64(d/time.Microsecond), lim.interval(), lim.burst()).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("ratelimit: key %s: pause: %w", show(key), err)
+	}
+	return micros(left), nil
+}
+
+// Resume ends key's pause at once, and reports whether it had one. Starts taken
+// meanwhile keep their times. Safe for concurrent use.
+func (l *Limiter) Resume(ctx context.Context, key string) (bool, error) {
+	n, err := l.run.Run(ctx, resumeScript, []string{redisKey(l.prefix, key)}).Int64()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: key %s: resume: %w", show(key), err)
+	}
+	return n == 1, nil
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// newID is a call's random identity: 128 bits, base64url.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// show is key for errors: quoted, shortened past 100 bytes.
+func show(key string) string { return shortkey.Show(key) }

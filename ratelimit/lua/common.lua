@@ -1,0 +1,33 @@
+-- common.lua: what every script of this package starts with, after luaLayout
+-- (layout.go). Times are microseconds of the server's clock; scores are integers
+-- written with '%d', so that none is written in a float's exponent form.
+
+-- now is the server's time.
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- The starts of a key are kept KEEP after their TAT, and the key itself expires when
+-- its last start and its pause are forgotten. Rather than trim and expire on every
+-- start, a script does both when the key's highest score enters a new epoch (KEEP
+-- long): it forgets the starts older than KEEP and sets the key to expire at the end
+-- of the epoch after next. So a key always expires after the end of the epoch after
+-- its highest score's, which is at least KEEP after that score, and a start is
+-- forgotten between KEEP and 2·KEEP after its TAT.
+local function epoch(us)
+  return math.floor(us / KEEP)
+end
+
+-- forget is called when the highest score of key, top, entered a new epoch; old is
+-- the highest score before, 0 if key did not exist.
+local function forget(key, t, top, old)
+  if old > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. int(t - KEEP))
+  end
+  redis.call('PEXPIREAT', key, int((epoch(top) + 2) * KEEP / 1000))
+end

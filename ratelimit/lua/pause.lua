@@ -1,0 +1,23 @@
+-- pause: let no start of a key begin for a while.
+--
+-- KEYS[1] -> the key's sorted set (layout.go)
+-- ARGV[1] -> microseconds the pause lasts from now
+-- ARGV[2] -> interval: microseconds between starts of the key's limit
+-- ARGV[3] -> burst of the key's limit
+--
+-- The pause is kept as the TAT that lets the first start begin when it ends and the
+-- next ones at the limit's spacing (no burst): the end + (burst - 1) · interval. A
+-- pause that holds the key back longer stays. Returns the microseconds the key is
+-- held back from now: the pause's, or a later start's.
+local key = KEYS[1]
+local t = now()
+local interval, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
+local hold = t + tonumber(ARGV[1]) + (burst - 1) * interval
+local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+local last = tonumber(top[2]) or 0
+if hold > last then
+  redis.call('ZADD', key, int(hold), PAUSE)
+  forget(key, t, hold, last)
+  last = hold
+end
+return math.max(last - (burst - 1) * interval - t, 0)

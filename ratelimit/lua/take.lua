@@ -1,0 +1,53 @@
+-- take: take a start of a key if it may begin within a window (GCRA).
+--
+-- KEYS[1] -> the key's sorted set (layout.go)
+-- ARGV[1] -> the call's member: "<identity> <interval> <burst>"
+-- ARGV[2] -> interval: microseconds between starts
+-- ARGV[3] -> burst: starts that may begin at once
+-- ARGV[4] -> window: the longest delay, in microseconds, the caller accepts
+--
+-- Returns {taken, delay, remaining, paused}: taken is 1 when the start was taken
+-- (by this call, or by its first run when go-redis sent it again); delay is the
+-- microseconds until the start may begin when taken, and otherwise until one could;
+-- remaining is how many more could begin at once now; paused is the microseconds
+-- left of a pause that holds the key back, 0 without one.
+--
+-- The highest score is the key's TAT, a pause's included (see layout.go), so the
+-- decision reads one entry. Whether this call ran before is asked only when the
+-- answer depends on it: when ZADD NX finds the member there, or before saying no.
+local key, m = KEYS[1], ARGV[1]
+local interval, burst, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = now()
+local tau = burst * interval
+
+local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+local last = tonumber(top[2]) or 0
+local tat = math.max(last, t)
+local paused = 0
+if top[1] == PAUSE then
+  paused = math.max(last - tau + interval - t, 0)
+end
+
+-- again answers a call sent again after a lost reply, whose first run took the
+-- start whose TAT is score.
+local function again(score)
+  local at = tonumber(score) - tau
+  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
+end
+
+local new = tat + interval
+local delay = new - tau - t
+if delay > window then
+  local score = redis.call('ZSCORE', key, m)
+  if score then
+    return again(score)
+  end
+  return {0, delay, 0, paused}
+end
+if redis.call('ZADD', key, 'NX', int(new), m) == 0 then
+  return again(redis.call('ZSCORE', key, m))
+end
+if epoch(new) ~= epoch(last) then
+  forget(key, t, new, last)
+end
+return {1, math.max(delay, 0), math.max(math.floor((t + tau - new) / interval), 0), paused}

@@ -22,9 +22,20 @@ const (
 	// OpBadInput: the middleware archived a task because no key could be derived
 	// from it; Err says why.
 	OpBadInput
+	// OpLimited: the middleware did not run a task because its key was at its rate
+	// limit (Rate, RateBy) or paused, for longer than the task could wait. Policy
+	// and Wait as for OpConflict; Err is the *LockedError.
+	OpLimited
+	// OpRateWaited: a task waited Wait for its start under its rate limit, and then
+	// ran. The one Event of a task that ran.
+	OpRateWaited
+	// OpPaused: a handler returned PauseKey's error: its key was paused for Wait on
+	// every worker (Err, the task's *LockedError, says if it could not be), and the
+	// task sent back.
+	OpPaused
 )
 
-var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input"}
+var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused"}
 
 // String returns the operation's name in snake case, such as "bad_input", for logs
 // and metric labels.
@@ -35,9 +46,9 @@ func (o Op) String() string {
 	return "op(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Event is something the middleware did with a task instead of running its handler,
-// reported to the function given to Observe. Fields that do not apply to Op are
-// zero.
+// Event is something the middleware did with a task instead of running its handler
+// (or, for OpRateWaited and OpPaused, before and after it), reported to the function
+// given to Observe. Fields that do not apply to Op are zero.
 type Event struct {
 	Op Op
 	// TaskType and TaskID name the task; TaskID is empty outside an asynq server.
@@ -49,13 +60,14 @@ type Event struct {
 	// use them as a metric label.
 	Key    string
 	Keys   []string
-	Policy string        // OpConflict
-	Wait   time.Duration // OpConflict
+	Policy string        // OpConflict, OpLimited
+	Wait   time.Duration // OpConflict, OpLimited, OpRateWaited; OpPaused: the pause
 	Err    error
 }
 
 // Observe makes the middleware call fn for every Event: each task it did not run
-// because its key was busy, or because no key could be derived. fn runs
+// because its key was busy or at its rate limit, or because no key could be derived,
+// each wait for a start under a rate limit, and each pause a handler asked for. fn runs
 // synchronously on the worker goroutine, before the middleware returns, so it must
 // be quick and safe for concurrent use. Given more than once, every fn is called, in
 // order. By default nothing is called. Observe panics if fn is nil.

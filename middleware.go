@@ -16,6 +16,7 @@ import (
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
 // DefaultTTL is the lease of a task's lock unless TTL says otherwise. It matches
@@ -73,6 +74,12 @@ type config struct {
 
 	types   map[string]bool // For's task types; nil: every task
 	forCall string          // For as called, to name it when refusing a second
+
+	rateBy   string          // the option that set a rate limit: Rate, RateBy; "" for none
+	rate     ratelimit.Limit // Rate's limit, with Burst's burst
+	rateFunc func(context.Context, *asynq.Task) (ratelimit.Limit, error)
+	burst    int  // Burst; 0 when not given
+	noLock   bool // NoLock: no lock, only the rate gate
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -376,11 +383,15 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 		o.apply(&m.config)
 	}
 	m.keyFuncs()
+	m.checkRate()
 	if m.capped() && (m.policy == Skip || m.policy == Fail) {
 		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
 	}
 	m.store, m.prefix = store.New(locks.Redis()), locks.Prefix()
 	m.limitOpt = mutex.Limit(m.limit)
+	if m.rateBy != "" {
+		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(m.prefix))
+	}
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
 			panic("asynqmutex.Middleware: nil handler")
@@ -405,6 +416,7 @@ type middleware struct {
 	store    *store.Runner    // the locks' Redis, where conflicts are counted
 	prefix   string           // the locks' key prefix
 	limitOpt mutex.LockOption // mutex.Limit(limit)
+	rates    *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 }
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
@@ -443,16 +455,29 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	var (
 		ran        bool
 		handlerErr error
+		lim        ratelimit.Limit
 	)
 	start := time.Now()
 	fn := func(ctx context.Context) error {
+		if m.rates != nil {
+			var err error
+			if lim, err = m.limitOf(ctx, t, id); err != nil {
+				return &gateError{err: err, named: true}
+			}
+			if err := m.rateGate(ctx, t, id, key, lim, wait-time.Since(start)); err != nil {
+				return err
+			}
+		}
 		ran = true
 		handlerErr = next.ProcessTask(ctx, t)
-		return nil // kept apart, so that err is only about the lock
+		return nil // kept apart, so that err is only about the gates
 	}
-	if keys != nil {
+	switch {
+	case m.noLock:
+		err = fn(ctx)
+	case keys != nil:
 		err = m.locks.WithLockKeys(ctx, keys, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id))
-	} else {
+	default:
 		err = m.locks.WithLock(ctx, key, m.ttl, fn, mutex.MaxWait(wait), mutex.HeldBy(t.Type(), id), m.limitOpt)
 	}
 
@@ -462,6 +487,10 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			// record is left to expire, so that an uncontended task costs no Redis
 			// command beyond its lock's (see RetryLater).
 			m.clearRecord(ctx, meta)
+		}
+		var pe *PauseError
+		if errors.As(handlerErr, &pe) {
+			handlerErr = m.paused(ctx, t, id, key, lim, pe)
 		}
 		if !errors.Is(err, mutex.ErrNotHeld) {
 			// A release Redis could not confirm needs no retry of the task: the key frees
@@ -481,7 +510,21 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			err: errors.Join(err, handlerErr),
 		}
 	}
-	if !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil {
+
+	le := &LockedError{Key: key, Keys: keys, taskType: t.Type(), taskID: id}
+	var (
+		limited *limitedError
+		gate    *gateError
+	)
+	switch {
+	case errors.As(err, &limited):
+		le.limited = limited
+		return m.conflict(ctx, t, meta, le, conflictInfo{op: OpLimited, start: start, wait: wait, lastTry: lastTry, pastCap: pastCap})
+	case errors.As(err, &gate):
+		err = &wrapError{msg: gate.describe(t.Type(), id, key), err: err}
+		m.failed(ctx, t, err)
+		return err
+	case !errors.Is(err, mutex.ErrNotObtained) || ctx.Err() != nil:
 		err = &wrapError{
 			msg: fmt.Sprintf("asynqmutex: task %s%s: taking lock%s: %s", shortkey.Quote(t.Type()), idSuffix(id), unlessNamed(err, key, keys), oneLine(err)),
 			err: err,
@@ -489,52 +532,73 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		m.failed(ctx, t, err)
 		return err
 	}
-
-	le := &LockedError{Key: key, Keys: keys, taskType: t.Type(), taskID: id}
 	if busy, ok := mutex.BusyKey(err); ok {
 		le.Key = busy
 	}
-	conflict := func(policy string) {
-		m.emit(ctx, Event{Op: OpConflict, TaskType: t.Type(), TaskID: id, Key: key, Keys: keys, Wait: time.Since(start), Policy: policy, Err: le})
+	return m.conflict(ctx, t, meta, le, conflictInfo{op: OpConflict, start: start, wait: wait, lastTry: lastTry, pastCap: pastCap})
+}
+
+// conflictInfo is what conflict needs to know of a task that did not run.
+type conflictInfo struct {
+	op      Op            // OpConflict: its key was busy; OpLimited: at its rate limit
+	start   time.Time     // when it began to try
+	wait    time.Duration // how long it could wait
+	lastTry bool          // under RetryLater with no retry left
+	pastCap *record       // past a reschedule cap with no retry left
+}
+
+// conflict applies the OnConflict policy to task t, which did not run because its
+// key was busy or at its rate limit (le says which), reports it, and returns the
+// task's result.
+func (m *middleware) conflict(ctx context.Context, t *asynq.Task, meta taskMeta, le *LockedError, c conflictInfo) error {
+	id := meta.id
+	report := func(policy string) {
+		m.emit(ctx, Event{Op: c.op, TaskType: t.Type(), TaskID: id, Key: le.Key, Keys: le.Keys, Wait: time.Since(c.start), Policy: policy, Err: le})
 		m.failed(ctx, t, le)
 	}
 	switch m.policy {
 	case Skip:
-		conflict("skip")
+		report("skip")
 		return nil
 	case Fail:
-		conflict("fail")
+		report("fail")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
-	if lastTry {
-		le.waited, le.archived = wait, true
-		conflict("archive")
+	if c.lastTry {
+		le.waited, le.archived = c.wait, true
+		report("archive")
 		return &wrapError{msg: le.Error(), err: errors.Join(le, asynq.SkipRetry)}
 	}
 
-	if pastCap != nil {
+	if c.pastCap != nil {
 		// Past its cap and out of retries: asynq archives the task for this error,
 		// and its count ends here.
 		m.clearRecord(ctx, meta)
-		le.caps, le.conflicts, le.since, le.archived = m.capsReached(*pastCap), pastCap.n+1, pastCap.elapsed, true
-		conflict("archive")
+		le.caps, le.conflicts, le.since, le.archived = m.capsReached(*c.pastCap), c.pastCap.n+1, c.pastCap.elapsed, true
+		report("archive")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
 	r := record{n: 1} // a conflict Redis did not count is taken as a first one
 	if id != "" {
 		if got, err := m.record(ctx, meta, countConflict); err != nil {
-			m.countFailed(ctx, t.Type(), id, showKeys(key, keys), err)
+			m.countFailed(ctx, t.Type(), id, showKeys(le.Key, le.Keys), err)
 		} else {
 			r = got
 		}
 	}
 	if caps := m.capsReached(r); caps != "" {
 		le.caps, le.conflicts, le.since = caps, r.n, r.elapsed
-		conflict("fail")
+		report("fail")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
-	le.RetryIn = backoff(time.Duration(m.policy), r.n)
-	conflict("retry")
+	if le.limited != nil {
+		// The time until a start is free, not a backoff: waiting longer leaves the
+		// key's starts unused.
+		le.RetryIn = wholeSeconds(le.limited.delay)
+	} else {
+		le.RetryIn = backoff(time.Duration(m.policy), r.n)
+	}
+	report("retry")
 	return le
 }
 

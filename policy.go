@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
 // Policy says what the middleware does with a task whose key another task holds
@@ -83,8 +84,10 @@ func (p Policy) String() string {
 	return fmt.Sprintf("RetryLater(%v)", time.Duration(p))
 }
 
-// LockedError is what a task returns under RetryLater when its key was busy. It
-// wraps mutex.ErrNotObtained. Configure makes asynq treat it as no failure and retry
+// LockedError is what a task returns under RetryLater when its key was busy: held by
+// another task, or at its rate limit (Rate, RateBy; then it also wraps
+// ratelimit.ErrLimited); and what a task whose handler returned PauseKey's error
+// returns. It wraps mutex.ErrNotObtained. Configure makes asynq treat it as no failure and retry
 // the task after RetryIn plus jitter. Past a reschedule cap (MaxReschedules,
 // MaxRescheduleTime) the task returns an ordinary error instead, as under Fail, whose
 // text is the LockedError's followed by mutex.ErrNotObtained's. The AfterFailure
@@ -106,20 +109,40 @@ type LockedError struct {
 	caps      string        // the reschedule caps reached, "" if none
 	conflicts int           // with caps: the conflicts counted, this one included
 	since     time.Duration // with caps: since the first conflict
+
+	limited  *limitedError // the key was at its rate limit, not held
+	paused   time.Duration // the handler asked for its key to be paused this long (PauseKey)
+	cause    *PauseError   // with paused: the handler's error
+	pauseErr error         // with paused: why the key was not paused, nil if it was
 }
 
+
 // Error names the task and the key, shortened past 100 bytes (with a digest), on
-// one line, and the delay asked for, or the reschedule cap reached. The delay is
-// RetryIn, which a server set up with Configure keeps; without Configure asynq's
-// own backoff applies instead, and the conflict spends a retry.
+// one line, what kept the task from running (a holder, the key's rate limit, a
+// pause its handler asked for), and the delay asked for, or the reschedule cap
+// reached. The delay is RetryIn, which a server set up with Configure keeps; without
+// Configure asynq's own backoff applies instead, and the conflict spends a retry.
 func (e *LockedError) Error() string {
-	what := "lock " + shortkey.Show(e.Key) + " is"
-	if e.Keys != nil {
-		what = "lock " + shortkey.Show(e.Key) + " (of " + showKeys(e.Key, e.Keys) + ") is"
+	what := "lock " + shortkey.Show(e.Key) + " is held by another task"
+	switch {
+	case e.Keys != nil:
+		what = "lock " + shortkey.Show(e.Key) + " (of " + showKeys(e.Key, e.Keys) + ") is held by another task"
+	case e.limited != nil && e.limited.paused > 0:
+		what = fmt.Sprintf("key %s is paused for %v", shortkey.Show(e.Key), e.limited.paused.Round(time.Millisecond))
+	case e.limited != nil:
+		what = fmt.Sprintf("key %s is at its rate limit (%v): next start in %v", shortkey.Show(e.Key), e.limited.lim, e.limited.delay.Round(time.Millisecond))
+	case e.paused > 0:
+		what = fmt.Sprintf("handler asked to pause key %s for %v", shortkey.Show(e.Key), e.paused)
+		if e.cause.Err != nil {
+			what += " (" + oneLine(e.cause.Err) + ")"
+		}
+		if e.pauseErr != nil {
+			what += "; not paused: " + oneLine(e.pauseErr)
+		}
 	}
-	msg := "asynqmutex: " + what + " held by another task"
+	msg := "asynqmutex: " + what
 	if e.taskType != "" {
-		msg = fmt.Sprintf("asynqmutex: task %s%s: %s held by another task", shortkey.Quote(e.taskType), idSuffix(e.taskID), what)
+		msg = fmt.Sprintf("asynqmutex: task %s%s: %s", shortkey.Quote(e.taskType), idSuffix(e.taskID), what)
 	}
 	switch {
 	case e.caps != "":
@@ -135,5 +158,14 @@ func (e *LockedError) Error() string {
 	return msg
 }
 
-// Unwrap returns mutex.ErrNotObtained.
-func (e *LockedError) Unwrap() error { return mutex.ErrNotObtained }
+// Unwrap returns mutex.ErrNotObtained; also ratelimit.ErrLimited when the key was at
+// its rate limit or paused, and the handler's *PauseError after PauseKey.
+func (e *LockedError) Unwrap() []error {
+	switch {
+	case e.limited != nil:
+		return []error{mutex.ErrNotObtained, ratelimit.ErrLimited}
+	case e.cause != nil:
+		return []error{mutex.ErrNotObtained, e.cause}
+	}
+	return []error{mutex.ErrNotObtained}
+}

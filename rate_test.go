@@ -1,0 +1,328 @@
+package asynqmutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/ratelimit"
+)
+
+// events collects the middleware's Events.
+type events struct {
+	mu sync.Mutex
+	e  []Event
+}
+
+func (r *events) observe(_ context.Context, e Event) {
+	r.mu.Lock()
+	r.e = append(r.e, e)
+	r.mu.Unlock()
+}
+
+func (r *events) ops() []Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ops []Op
+	for _, e := range r.e {
+		ops = append(ops, e.Op)
+	}
+	return ops
+}
+
+func (r *events) last() Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.e[len(r.e)-1]
+}
+
+func tenantTask(tenant string) *asynq.Task {
+	return asynq.NewTask("sync", []byte(`{"tenant":"`+tenant+`"}`))
+}
+
+func rates(locks *mutex.Client) *ratelimit.Limiter {
+	return ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))
+}
+
+// Starts of one key are spaced by the limit's interval, whoever takes them: no
+// task starts before the first start plus its place times the interval. The bound
+// is from below only; how promptly a task starts is the integration tests' question.
+func TestRateSpacesStarts(t *testing.T) {
+	for _, lock := range []bool{true, false} {
+		t.Run(fmt.Sprintf("lock=%v", lock), func(t *testing.T) {
+			locks, _ := newLocks(t)
+			const per, n, tasks = time.Second, 10, 5 // a start every 100ms
+			opts := []Option{On("tenant"), Rate(n, per), MaxWait(time.Minute)}
+			if !lock {
+				opts = append(opts, NoLock())
+			}
+			var (
+				mu     sync.Mutex
+				starts []time.Time
+				ev     events
+			)
+			h := Middleware(locks, append(opts, Observe(ev.observe))...)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				mu.Lock()
+				starts = append(starts, time.Now())
+				mu.Unlock()
+				return nil
+			}))
+			t0 := time.Now()
+			var wg sync.WaitGroup
+			for range tasks {
+				wg.Add(1)
+				go func() { defer wg.Done(); assert.NoError(t, h.ProcessTask(context.Background(), tenantTask("a"))) }()
+			}
+			wg.Wait()
+			slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+			require.Len(t, starts, tasks)
+			for i, s := range starts {
+				if min := t0.Add(time.Duration(i) * per / n); s.Before(min) {
+					t.Errorf("start %d at %v after the first call, before its slot at %v", i, s.Sub(t0), min.Sub(t0))
+				}
+			}
+			assert.Equal(t, tasks-1, strings.Count(fmt.Sprint(ev.ops()), OpRateWaited.String()), "every task but the first waited for its start")
+		})
+	}
+}
+
+func TestRateLimitedPolicies(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	ran := 0
+	handler := asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil })
+	var (
+		r  recorder
+		ev events
+	)
+	mw := func(p Policy) asynq.Handler {
+		return Middleware(locks, On("tenant"), Rate(1, time.Minute), OnConflict(p), AfterFailure(r.hook), Observe(ev.observe))(handler)
+	}
+	require.NoError(t, mw(Skip).ProcessTask(ctx, tenantTask("a")))
+	require.Equal(t, 1, ran)
+
+	err := mw(RetryLater(time.Second)).ProcessTask(ctx, tenantTask("a"))
+	var le *LockedError
+	require.ErrorAs(t, err, &le)
+	assert.True(t, errors.Is(err, ratelimit.ErrLimited) && errors.Is(err, mutex.ErrNotObtained), "wraps ErrLimited and ErrNotObtained")
+	assert.Equal(t, time.Minute, le.RetryIn, "the time until a start is free, in whole seconds, not RetryLater's delay")
+	assert.False(t, IsFailure(err), "Configure spends no retry on it")
+	assert.Contains(t, err.Error(), `key ["sync","a"] is at its rate limit (1 per 1m0s): next start in`)
+	assert.Equal(t, Event{Op: OpLimited, TaskType: "sync", Key: `["sync","a"]`, Policy: "retry"}, stripped(ev.last()))
+
+	require.NoError(t, mw(Skip).ProcessTask(ctx, tenantTask("a")))
+	assert.Equal(t, "skip", ev.last().Policy)
+	err = mw(Fail).ProcessTask(ctx, tenantTask("a"))
+	require.ErrorIs(t, err, mutex.ErrNotObtained)
+	assert.True(t, IsFailure(err), "Fail spends a retry")
+	assert.Len(t, r.got(), 3, "AfterFailure hears of every limited task")
+
+	require.NoError(t, mw(Skip).ProcessTask(ctx, tenantTask("b")), "another key has its own limit")
+	assert.Equal(t, 2, ran)
+}
+
+// stripped is e without its Wait and Err, which vary.
+func stripped(e Event) Event {
+	e.Wait, e.Err = 0, nil
+	return e
+}
+
+// A task takes its lock before its start: one that meets a busy lock spends none.
+func TestRateBusyLockSpendsNoStart(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	busy, err := locks.TryLock(ctx, `["sync","a"]`, time.Minute)
+	require.NoError(t, err)
+	var ev events
+	h := Middleware(locks, On("tenant"), Rate(1, time.Minute), OnConflict(Skip), Observe(ev.observe))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	require.NoError(t, h.ProcessTask(ctx, tenantTask("a")))
+	assert.Equal(t, []Op{OpConflict}, ev.ops())
+	st, err := rates(locks).Inspect(ctx, `["sync","a"]`)
+	require.NoError(t, err)
+	assert.Zero(t, st.Starts, "no start spent behind a busy lock")
+
+	require.NoError(t, busy.Unlock(ctx))
+	require.NoError(t, h.ProcessTask(ctx, tenantTask("a")))
+	st, _ = rates(locks).Inspect(ctx, `["sync","a"]`)
+	assert.Equal(t, 1, st.Starts)
+}
+
+func TestPauseKey(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	var ev events
+	calls := 0
+	h := Middleware(locks, On("tenant"), Rate(100, time.Second), OnConflict(Skip), Observe(ev.observe))(asynq.HandlerFunc(func(_ context.Context, t *asynq.Task) error {
+		calls++
+		if strings.Contains(string(t.Payload()), `"a"`) && calls == 1 {
+			return PauseKey(30*time.Second, errors.New("HTTP 429"))
+		}
+		return nil
+	}))
+	err := h.ProcessTask(ctx, tenantTask("a"))
+	var (
+		le *LockedError
+		pe *PauseError
+	)
+	require.ErrorAs(t, err, &le)
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 30*time.Second, le.RetryIn, "sent back for the pause, whatever the policy")
+	assert.False(t, IsFailure(err))
+	assert.Equal(t, `asynqmutex: task "sync": handler asked to pause key ["sync","a"] for 30s (HTTP 429); retry in 30s`, err.Error())
+	assert.Equal(t, Event{Op: OpPaused, TaskType: "sync", Key: `["sync","a"]`}, stripped(ev.last()))
+	assert.Equal(t, 30*time.Second, ev.last().Wait)
+
+	require.NoError(t, h.ProcessTask(ctx, tenantTask("a")), "Skip")
+	assert.Equal(t, 1, calls, "no task of the paused key runs")
+	assert.Equal(t, OpLimited, ev.last().Op)
+	assert.Regexp(t, `key \["sync","a"\] is paused for (29\.\d+|30)s$`, ev.last().Err.Error())
+	require.NoError(t, h.ProcessTask(ctx, tenantTask("b")))
+	assert.Equal(t, 2, calls, "tasks of other keys run")
+
+	// Without a rate gate the task is sent back, and the error says the key was not paused.
+	plain := Middleware(locks, On("tenant"))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return PauseKey(1500*time.Millisecond, nil)
+	}))
+	err = plain.ProcessTask(ctx, tenantTask("c"))
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 2*time.Second, le.RetryIn)
+	assert.Contains(t, err.Error(), "not paused: the middleware has no Rate or RateBy")
+}
+
+func TestRateBy(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	ran := map[string]int{}
+	h := Middleware(locks, On("tenant"), OnConflict(Skip), NoLock(), RateBy(func(_ context.Context, t *asynq.Task) (ratelimit.Limit, error) {
+		switch p := string(t.Payload()); {
+		case strings.Contains(p, "gold"):
+			return ratelimit.Limit{}, nil // no limit
+		case strings.Contains(p, "free"):
+			return ratelimit.PerMinute(1), nil
+		case strings.Contains(p, "bad"):
+			return ratelimit.Limit{N: 0, Per: time.Second}, nil
+		}
+		return ratelimit.Limit{}, errors.New("plan store unreachable")
+	}))(asynq.HandlerFunc(func(_ context.Context, t *asynq.Task) error {
+		ran[string(t.Payload())]++
+		return nil
+	}))
+	for range 3 {
+		require.NoError(t, h.ProcessTask(ctx, tenantTask("gold")))
+		require.NoError(t, h.ProcessTask(ctx, tenantTask("free")))
+	}
+	assert.Equal(t, 3, ran[`{"tenant":"gold"}`])
+	assert.Equal(t, 1, ran[`{"tenant":"free"}`])
+
+	err := h.ProcessTask(ctx, tenantTask("bad"))
+	assert.ErrorContains(t, err, `asynqmutex: task "sync": RateBy: ratelimit: limit 0 per 1s: N must be at least 1`)
+	assert.True(t, IsFailure(err) && !errors.Is(err, asynq.SkipRetry), "an ordinary, retryable error")
+	err = h.ProcessTask(ctx, tenantTask("other"))
+	assert.EqualError(t, err, `asynqmutex: task "sync": RateBy: plan store unreachable`)
+}
+
+// NoLock lets tasks of one key run at once, gated only by their starts.
+func TestNoLockRunsTogether(t *testing.T) {
+	locks, _ := newLocks(t)
+	const n = 4
+	var (
+		mu      sync.Mutex
+		inside  int
+		most    int
+		release = make(chan struct{})
+	)
+	h := Middleware(locks, On("tenant"), Rate(1000, time.Second), Burst(n), NoLock())(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		if _, ok := Fence(ctx); ok {
+			t.Error("a fence without a lock")
+		}
+		mu.Lock()
+		inside++
+		most = max(most, inside)
+		if inside == n {
+			close(release)
+		}
+		mu.Unlock()
+		select {
+		case <-release:
+		case <-time.After(time.Minute):
+			t.Error("tasks of one key did not run together under NoLock")
+		}
+		return nil
+	}))
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); assert.NoError(t, h.ProcessTask(context.Background(), tenantTask("a"))) }()
+	}
+	wg.Wait()
+	assert.Equal(t, n, most)
+}
+
+// A task whose context ends while it waits for its start gives the start back.
+func TestRateWaitCancelled(t *testing.T) {
+	locks, _ := newLocks(t)
+	lim := Rate(1, time.Minute)
+	h := Middleware(locks, On("tenant"), lim, MaxWait(time.Hour))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	require.NoError(t, h.ProcessTask(context.Background(), tenantTask("a")))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- h.ProcessTask(ctx, tenantTask("a")) }()
+	deadline := time.Now().Add(time.Minute)
+	for st, _ := rates(locks).Inspect(context.Background(), `["sync","a"]`); st.Starts < 2 && time.Now().Before(deadline); st, _ = rates(locks).Inspect(context.Background(), `["sync","a"]`) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	err := <-done
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, err.Error(), `asynqmutex: task "sync": waiting for its start under the rate limit of key ["sync","a"]: context canceled`)
+	st, err := rates(locks).Inspect(context.Background(), `["sync","a"]`)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Starts, "the start given back")
+}
+
+func TestRateRedisDown(t *testing.T) {
+	locks, m := newLocks(t)
+	h := Middleware(locks, On("tenant"), Rate(10, time.Second), NoLock())(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		t.Error("ran without its start")
+		return nil
+	}))
+	m.Close()
+	err := h.ProcessTask(context.Background(), tenantTask("a"))
+	require.Error(t, err)
+	assert.True(t, IsFailure(err) && !errors.Is(err, asynq.SkipRetry), "an ordinary, retryable error")
+	assert.Contains(t, err.Error(), `asynqmutex: task "sync": taking its start under the rate limit of key ["sync","a"]: ratelimit: key ["sync","a"]: `)
+	assert.NotContains(t, err.Error(), "\n")
+}
+
+func TestRateOptionPanics(t *testing.T) {
+	locks := mutex.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	for _, tt := range []struct {
+		name string
+		f    func()
+		want string
+	}{
+		{"Rate(0)", func() { Rate(0, time.Second) }, "asynqmutex.Rate: ratelimit: limit 0 per 1s: N must be at least 1"},
+		{"Burst(0)", func() { Burst(0) }, "asynqmutex.Burst: burst 0 outside [1, 1000000] (ratelimit.MaxBurst)"},
+		{"RateBy(nil)", func() { RateBy(nil) }, "asynqmutex.RateBy: nil function"},
+		{"Burst alone", func() { Middleware(locks, Burst(2)) }, "asynqmutex.Middleware: Burst without Rate; RateBy's limits carry their own Burst"},
+		{"NoLock alone", func() { Middleware(locks, NoLock()) }, "asynqmutex.Middleware: NoLock without Rate or RateBy leaves nothing to gate the tasks"},
+		{"NoLock with Limit", func() { Middleware(locks, Rate(1, time.Second), NoLock(), Limit(2)) }, "asynqmutex.Middleware: NoLock and Limit both given; Limit caps the tasks that hold a key's lock"},
+		{"Rate with OnEach", func() { Middleware(locks, OnEach("a", "b"), Rate(1, time.Second)) }, "asynqmutex.Middleware: Rate limits one key per task; OnEach gives a task several keys"},
+		{"Rate and RateBy", func() {
+			Middleware(locks, Rate(1, time.Second), RateBy(func(context.Context, *asynq.Task) (ratelimit.Limit, error) { return ratelimit.Limit{}, nil }))
+		}, "asynqmutex.Middleware: Rate and RateBy both given; give one"},
+	} {
+		t.Run(tt.name, func(t *testing.T) { assert.PanicsWithValue(t, tt.want, tt.f) })
+	}
+}

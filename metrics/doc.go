@@ -1,7 +1,8 @@
 // Package metrics exports Prometheus metrics of asynqmutex locks, built on the events
 // of package mutex and of the asynqmutex middleware: how long acquisitions wait and locks are held, how often keys are
-// contended, how many acquisitions wait now, and what went wrong (conflicts by policy,
-// lost leases, failed renewals, tasks without a key, lost wake-ups).
+// contended, how many acquisitions wait now, how rate limits hold tasks back, and what
+// went wrong (conflicts by policy, lost leases, failed renewals, tasks without a key,
+// lost wake-ups).
 //
 // A Collector is a prometheus.Collector whose Observe method is given to the lock
 // Client, and its ObserveTask method to the middleware:
@@ -24,6 +25,9 @@
 //	asynqmutex_lock_release_failures_total counter    task_type           releases that got no answer (the lease frees the key)
 //	asynqmutex_task_conflicts_total        counter    task_type, policy   tasks the middleware did not run because their key was busy
 //	asynqmutex_task_bad_input_total        counter    task_type           tasks archived because no key could be derived
+//	asynqmutex_task_rate_limited_total     counter    task_type, policy   tasks not run because their key was at its rate limit or paused
+//	asynqmutex_task_rate_wait_seconds      histogram  task_type           tasks that waited for their start under a rate limit, and how long
+//	asynqmutex_key_pauses_total            counter    task_type           keys paused by a handler (asynqmutex.PauseKey)
 //	asynqmutex_wakeup_lost_total           counter    (none)              subscription connections for hand-overs that broke
 //	asynqmutex_wakeup_recovered_total      counter    (none)              ... and came back
 //

@@ -77,6 +77,9 @@ type Collector struct {
 	releaseFailures *prometheus.CounterVec   // task_type
 	conflicts       *prometheus.CounterVec   // task_type, policy
 	badInput        *prometheus.CounterVec   // task_type
+	limited         *prometheus.CounterVec   // task_type, policy
+	rateWait        *prometheus.HistogramVec // task_type
+	pauses          *prometheus.CounterVec   // task_type
 	wakeupLost      prometheus.Counter
 	wakeupRecovered prometheus.Counter
 	all             []prometheus.Collector
@@ -125,6 +128,15 @@ func New(opts ...Option) *Collector {
 			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
 		badInput: counterVec("task_bad_input_total",
 			"Number of tasks archived because no lock key could be derived from them; broken down by task type.", "task_type"),
+		limited: counterVec("task_rate_limited_total",
+			"Number of tasks not run because their key was at its rate limit or paused; broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
+		rateWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "task_rate_wait_seconds",
+			Help:    "Time a task waited for its start under its key's rate limit before it ran (tasks that waited only); broken down by task type.",
+			Buckets: buckets,
+		}, []string{"task_type"}),
+		pauses: counterVec("key_pauses_total",
+			"Number of times a handler paused its key (asynqmutex.PauseKey); broken down by task type.", "task_type"),
 		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "wakeup_lost_total",
 			Help: "Number of times a Client's subscription connection for hand-overs broke or fell silent.",
@@ -135,7 +147,8 @@ func New(opts ...Option) *Collector {
 		}),
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
-		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.wakeupLost, c.wakeupRecovered}
+		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.limited, c.rateWait, c.pauses,
+		c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -210,6 +223,12 @@ func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
 		c.conflicts.WithLabelValues(c.taskType(e.TaskType), policy(e.Policy)).Inc()
 	case asynqmutex.OpBadInput:
 		c.badInput.WithLabelValues(c.taskType(e.TaskType)).Inc()
+	case asynqmutex.OpLimited:
+		c.limited.WithLabelValues(c.taskType(e.TaskType), policy(e.Policy)).Inc()
+	case asynqmutex.OpRateWaited:
+		c.rateWait.WithLabelValues(c.taskType(e.TaskType)).Observe(e.Wait.Seconds())
+	case asynqmutex.OpPaused:
+		c.pauses.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	}
 }
 

@@ -205,6 +205,18 @@ func TestObserve(t *testing.T) {
 		}, map[string]float64{
 			`asynqmutex_task_bad_input_total{task_type="pay"}`: 1,
 		}},
+		{"rate limits", []any{
+			asynqmutex.Event{Op: asynqmutex.OpLimited, Key: "k", TaskType: "pay", Policy: "retry"},
+			asynqmutex.Event{Op: asynqmutex.OpLimited, Key: "k", TaskType: "pay", Policy: "skip"},
+			asynqmutex.Event{Op: asynqmutex.OpRateWaited, Key: "k", TaskType: "pay", Wait: 250 * time.Millisecond},
+			asynqmutex.Event{Op: asynqmutex.OpPaused, Key: "k", TaskType: "pay", Wait: 30 * time.Second},
+		}, map[string]float64{
+			`asynqmutex_task_rate_limited_total{policy="retry",task_type="pay"}`: 1,
+			`asynqmutex_task_rate_limited_total{policy="skip",task_type="pay"}`:  1,
+			`asynqmutex_task_rate_wait_seconds_count{task_type="pay"}`:           1,
+			`asynqmutex_task_rate_wait_seconds_sum{task_type="pay"}`:             0.25,
+			`asynqmutex_key_pauses_total{task_type="pay"}`:                       1,
+		}},
 		{"wake-ups lost and recovered", []any{
 			mutex.Event{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
 			mutex.Event{Op: mutex.OpWakeupRecovered},

@@ -128,29 +128,19 @@ type limitedError struct {
 func (e *limitedError) Error() string { return "rate limit: next start in " + e.delay.String() }
 func (e *limitedError) Unwrap() error { return ratelimit.ErrLimited }
 
-// takeStart takes the task's start under lim on key, waiting up to maxWait for it,
-// and returns how long it waited. It returns a *limitedError when the start comes
-// later than maxWait, ctx's error if ctx ends while it waits (the start is given
-// back), or a Redis error.
+// takeStart takes the task's start under lim on key, waiting up to maxWait for it
+// (see ratelimit.Limiter.Take), and returns how long it waited. It returns a
+// *limitedError when the start comes later than maxWait, ctx's error if ctx ends
+// while it waits (the start is given back), or a Redis error.
 func (m *middleware) takeStart(ctx context.Context, key string, lim ratelimit.Limit, maxWait time.Duration) (time.Duration, error) {
-	r, err := m.rates.Reserve(ctx, key, lim, max(maxWait, 0))
+	r, err := m.rates.Take(ctx, key, lim, max(maxWait, 0))
 	switch {
 	case err != nil:
 		return 0, err
 	case !r.Allowed:
 		return 0, &limitedError{lim: lim, delay: r.Delay, paused: r.Paused}
-	case r.Delay == 0:
-		return 0, nil
 	}
-	timer := time.NewTimer(r.Delay)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return r.Delay, nil
-	case <-ctx.Done():
-		_, _ = m.rates.Cancel(context.WithoutCancel(ctx), key, r)
-		return 0, ctx.Err()
-	}
+	return r.Delay, nil
 }
 
 // PauseError is what PauseKey returns: a handler's request to hold its key's tasks

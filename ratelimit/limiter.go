@@ -114,35 +114,72 @@ func (l *Limiter) Reserve(ctx context.Context, key string, lim Limit, maxWait ti
 	return r, nil
 }
 
-// Wait takes a start of key under lim and sleeps until it may begin. It waits at
-// most until ctx's deadline, less whatever the start's delay would overrun: when the
-// next start comes after the deadline, Wait returns at once an error wrapping
-// ErrLimited that says when it comes. When ctx ends while Wait sleeps, the start is
-// given back (see Cancel) and ctx's error returned. Without a deadline Wait accepts
-// any delay. Safe for concurrent use.
-func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
-	maxWait := time.Duration(1<<63 - 1)
-	if d, ok := ctx.Deadline(); ok {
-		maxWait = max(time.Until(d), 0)
+// Take takes a start of key under lim if it may begin within maxWait, and sleeps
+// until it may: the Result is Allowed, and its Delay how long Take slept for it. When the
+// next start comes later than maxWait, Take returns at once a Result that is not
+// Allowed, whose Delay says how long until it could. A start taken ahead is
+// confirmed when it is due: if a Pause began meanwhile, Take gives it back and takes
+// one after the pause, within what is left of maxWait (so a pause stops the starts
+// already waiting too). When ctx ends while Take sleeps, the start is given back
+// (see Cancel) and ctx's error returned. Safe for concurrent use.
+func (l *Limiter) Take(ctx context.Context, key string, lim Limit, maxWait time.Duration) (Result, error) {
+	start := time.Now()
+	var slept time.Duration
+	for range maxConfirms {
+		r, err := l.Reserve(ctx, key, lim, max(maxWait-time.Since(start), 0))
+		switch {
+		case err != nil || !r.Allowed:
+			return r, err
+		case r.Delay == 0:
+			r.Delay = slept
+			return r, nil
+		}
+		if err := sleep(ctx, r.Delay); err != nil {
+			_, _ = l.Cancel(context.WithoutCancel(ctx), key, r)
+			return Result{}, err
+		}
+		slept += r.Delay
+		held, err := l.run.Run(ctx, confirmScript, []string{redisKey(l.prefix, key)}, r.member, lim.interval(), lim.burst()).Int64()
+		if err != nil {
+			return Result{}, fmt.Errorf("ratelimit: key %s: confirm: %w", show(key), err)
+		}
+		if held == 0 {
+			r.Delay = slept
+			return r, nil
+		}
 	}
-	r, err := l.Reserve(ctx, key, lim, maxWait)
-	switch {
-	case err != nil:
-		return err
-	case !r.Allowed:
-		return fmt.Errorf("%w: key %s: next start in %v, after the context's deadline", ErrLimited, show(key), r.Delay)
-	case r.Delay == 0:
-		return nil
-	}
-	timer := time.NewTimer(r.Delay)
+	return Result{}, fmt.Errorf("ratelimit: key %s: paused %d times while a start waited", show(key), maxConfirms)
+}
+
+// maxConfirms bounds how often Take takes a start again after pauses.
+const maxConfirms = 8
+
+// sleep waits d, or until ctx ends, returning ctx's error then.
+func sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-timer.C:
 		return nil
 	case <-ctx.Done():
-		_, _ = l.Cancel(context.WithoutCancel(ctx), key, r)
 		return ctx.Err()
 	}
+}
+
+// Wait takes a start of key under lim and sleeps until it may begin, as Take does,
+// waiting at most until ctx's deadline: when the next start comes after it, Wait
+// returns at once an error wrapping ErrLimited that says when it comes. Without a
+// deadline Wait accepts any delay. Safe for concurrent use.
+func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
+	maxWait := time.Duration(1<<63 - 1)
+	if d, ok := ctx.Deadline(); ok {
+		maxWait = max(time.Until(d), 0)
+	}
+	r, err := l.Take(ctx, key, lim, maxWait)
+	if err == nil && !r.Allowed {
+		err = fmt.Errorf("%w: key %s: next start in %v, after the context's deadline", ErrLimited, show(key), r.Delay)
+	}
+	return err
 }
 
 // Cancel gives back the start r took (r from Reserve or Allow, Allowed), for one that

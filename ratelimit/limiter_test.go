@@ -345,3 +345,43 @@ func TestMemberRoundTrip(t *testing.T) {
 		t.Errorf("memberLimit(%q) ok", pauseMember)
 	}
 }
+
+// A start taken ahead does not begin during a pause that began while it waited:
+// Take gives it back when it is due and takes one after the pause.
+func TestTakeHeldBackByPauseWhileWaiting(t *testing.T) {
+	t.Parallel()
+	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	lim := Limit{N: 10, Per: time.Second} // every 100ms
+	if _, err := l.Allow(ctx, key, lim); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		r   Result
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := l.Take(ctx, key, lim, 10*time.Second) // due in 100ms
+		done <- result{r, err, time.Now()}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for st, _ := l.Inspect(ctx, key); st.Starts < 2 && time.Now().Before(deadline); st, _ = l.Inspect(ctx, key) {
+		time.Sleep(time.Millisecond)
+	}
+	paused := time.Now()
+	const pause = 500 * time.Millisecond // five intervals
+	if _, err := l.Pause(ctx, key, lim, pause); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil || !got.r.Allowed {
+		t.Fatalf("Take = %+v, %v; want allowed after the pause", got.r, got.err)
+	}
+	if began := got.at.Sub(paused); began < pause {
+		t.Errorf("the start began %v after the pause began, want after its %v", began, pause)
+	}
+	if got.r.Delay < pause-lim.Per/time.Duration(2*lim.N) { // less the calls, well under half an interval
+		t.Errorf("Take's Delay = %v, want the time it slept, past the pause", got.r.Delay)
+	}
+}

@@ -16,12 +16,13 @@ var (
 	luaFiles embed.FS
 
 	takeScript    = script("take")
-	cancelScript  = script("cancel").Flag(store.AllowOOM) // writes only ZREM
+	cancelScript  = script("cancel").Flag(store.AllowOOM)  // writes only ZREM
+	confirmScript = script("confirm").Flag(store.AllowOOM) // writes only ZREM
 	pauseScript   = script("pause")
 	resumeScript  = script("resume").Flag(store.AllowOOM) // writes only ZREM
 	inspectScript = script("inspect").Flag(store.NoWrites)
 
-	scriptsLibrary = store.NewLibrary("asynqmutex_rate", takeScript, cancelScript, pauseScript, resumeScript, inspectScript)
+	scriptsLibrary = store.NewLibrary("asynqmutex_rate", takeScript, cancelScript, confirmScript, pauseScript, resumeScript, inspectScript)
 )
 
 func script(name string) *store.Script {

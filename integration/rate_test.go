@@ -1,0 +1,253 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex"
+)
+
+// starts records when each task's handler began, per tenant, and with how many
+// retries spent.
+type starts struct {
+	mu      sync.Mutex
+	at      map[string][]time.Time
+	runs    map[int]int
+	retried int
+}
+
+func newStarts() *starts { return &starts{at: map[string][]time.Time{}, runs: map[int]int{}} }
+
+func (s *starts) record(ctx context.Context, p tenantPayload) {
+	n, _ := asynq.GetRetryCount(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.at[p.Tenant] = append(s.at[p.Tenant], time.Now())
+	s.runs[p.Seq]++
+	s.retried += n
+}
+
+func (s *starts) of(tenant string) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.SortedFunc(slices.Values(s.at[tenant]), func(a, b time.Time) int { return a.Compare(b) })
+}
+
+// mostInWindow is the largest number of times, sorted, that fall in any window of
+// length w, and the offset from the first time at which that window starts.
+func mostInWindow(times []time.Time, w time.Duration) (int, time.Duration) {
+	most, at := 0, time.Duration(0)
+	j := 0
+	for i := range times {
+		for times[i].Sub(times[j]) >= w {
+			j++
+		}
+		if n := i - j + 1; n > most {
+			most, at = n, times[j].Sub(times[0])
+		}
+	}
+	return most, at
+}
+
+// TestMostInWindowTrips: the window checker counts what it should (its positive
+// control: a history with n+2 starts in one window must report them).
+func TestMostInWindowTrips(t *testing.T) {
+	t0 := time.Now()
+	var h []time.Time
+	for i := range 10 {
+		h = append(h, t0.Add(time.Duration(i)*100*time.Millisecond)) // 10 a second
+	}
+	if n, _ := mostInWindow(h, time.Second); n != 10 {
+		t.Errorf("mostInWindow(10 evenly in 1s) = %d, want 10", n)
+	}
+	h = append(h, t0.Add(950*time.Millisecond), t0.Add(960*time.Millisecond))
+	slices.SortFunc(h, func(a, b time.Time) int { return a.Compare(b) })
+	if n, _ := mostInWindow(h, time.Second); n != 12 {
+		t.Errorf("mostInWindow with 2 extra = %d, want 12", n)
+	}
+	if n, _ := mostInWindow(h, 100*time.Millisecond); n != 3 {
+		t.Errorf("mostInWindow(100ms) = %d, want 3 (900, 950, 960ms)", n)
+	}
+}
+
+// TestRateTenants: 200 tasks of 4 tenants on two asynq servers, each with its own
+// Client, under On("tenant_id") and Rate(20, time.Second), with MaxWait: in every
+// window of one second no tenant starts more than 20 tasks (one more is allowed for
+// the time between a start's slot and its handler's clock reading: a task that
+// woke late for its slot shares a window with the next task's), every task
+// completes once with no retry spent, and each tenant drains within 1.2 times the
+// ideal, 49 intervals from its first start to its last. Run with and without the
+// lock: with it, a tenant's tasks take their starts one after another; with NoLock,
+// ahead.
+func TestRateTenants(t *testing.T) {
+	t.Parallel()
+	for _, lock := range []bool{true, false} {
+		t.Run(fmt.Sprintf("lock=%v", lock), func(t *testing.T) {
+			t.Parallel()
+			const tasks, tenants, n = 200, 4, 20
+			per := time.Second
+			interval := per / n
+			e := newEnv(t)
+			st := newStarts()
+			tr := newTracker()
+			var hook hookRecorder
+			for _, name := range []string{"A", "B"} {
+				locks, _ := newLocks(t, e.opt)
+				opts := []asynqmutex.Option{asynqmutex.On("tenant_id"), asynqmutex.Rate(n, per),
+					// Long enough for a tenant's whole drain, twice over.
+					asynqmutex.MaxWait(2 * tasks / tenants * interval), asynqmutex.AfterFailure(hook.hook)}
+				if !lock {
+					opts = append(opts, asynqmutex.NoLock())
+				}
+				startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 16}), asynqmutex.Middleware(locks, opts...)(asynq.HandlerFunc(
+					func(ctx context.Context, task *asynq.Task) error {
+						var p tenantPayload
+						if err := json.Unmarshal(task.Payload(), &p); err != nil {
+							return err
+						}
+						st.record(ctx, p)
+						tr.enter(p.Tenant, fmt.Sprint(p.Seq), name)
+						defer tr.exit(p.Tenant)
+						time.Sleep(interval / 10)
+						return nil
+					})))
+			}
+			for i := range tasks {
+				e.enqueue(t, "sync", payload(t, tenantPayload{Tenant: fmt.Sprintf("tenant-%d", i%tenants), Seq: i}),
+					asynq.MaxRetry(3), asynq.Retention(time.Hour))
+			}
+			checkAllCompleted(t, e, tr, tasks)
+			if n := hook.count(); n != 0 {
+				t.Errorf("AfterFailure called %d times, want 0: %v", n, hook.calls())
+			}
+			if st.retried != 0 {
+				t.Errorf("%d retries spent, want none", st.retried)
+			}
+			ideal := time.Duration(tasks/tenants-1) * interval
+			for i := range tenants {
+				tenant := fmt.Sprintf("tenant-%d", i)
+				at := st.of(tenant)
+				most, where := mostInWindow(at, per)
+				drain := at[len(at)-1].Sub(at[0])
+				t.Logf("%s: %d starts, most in one %v window %d (at +%v), drained in %v (ideal %v)", tenant, len(at), per, most, where, drain, ideal)
+				if most > n+1 {
+					t.Errorf("%s: %d starts in one window of %v from +%v, want at most %d", tenant, most, per, where, n+1)
+				}
+				if drain > ideal*12/10 {
+					t.Errorf("%s: drained in %v, want within 1.2 x the ideal %v", tenant, drain, ideal)
+				}
+			}
+		})
+	}
+}
+
+// TestPauseKeyStopsOnlyItsKey: a handler of tenant A returns PauseKey: no task of A
+// starts on either server until the pause ends, not even those that had taken their
+// start ahead (NoLock lets many wait at once), tenant B's tasks run on meanwhile, and
+// every task completes once with no retry spent (the paused one comes back). The
+// pause is known to hold once the middleware reports it (OpPaused), at p0; it began
+// on the server a little earlier, and ends as much before p0 + pause. A start
+// confirmed just before it may record its time up to an interval later, so the check
+// leaves an interval at either end.
+func TestPauseKeyStopsOnlyItsKey(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	per := time.Second
+	interval := per / n
+	pause := 40 * interval // 2s
+	e := newEnv(t)
+	st := newStarts()
+	tr := newTracker()
+	var (
+		mu       sync.Mutex
+		pausedAt time.Time
+		first    atomic.Bool
+	)
+	for _, name := range []string{"A", "B"} {
+		locks, _ := newLocks(t, e.opt)
+		mw := asynqmutex.Middleware(locks, asynqmutex.On("tenant_id"), asynqmutex.Rate(n, per), asynqmutex.NoLock(),
+			asynqmutex.MaxWait(4*pause), asynqmutex.Observe(func(_ context.Context, e asynqmutex.Event) {
+				if e.Op == asynqmutex.OpPaused {
+					mu.Lock()
+					pausedAt = time.Now()
+					mu.Unlock()
+				}
+			}))
+		startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 8}), mw(asynq.HandlerFunc(
+			func(ctx context.Context, task *asynq.Task) error {
+				var p tenantPayload
+				if err := json.Unmarshal(task.Payload(), &p); err != nil {
+					return err
+				}
+				st.record(ctx, p)
+				tr.enter(p.Tenant, fmt.Sprint(p.Seq), name)
+				defer tr.exit(p.Tenant)
+				if p.Seq == 4 && first.CompareAndSwap(false, true) {
+					return asynqmutex.PauseKey(pause, errors.New("HTTP 429: Retry-After"))
+				}
+				return nil
+			})))
+	}
+	const tasks = 40
+	for i := range tasks {
+		e.enqueue(t, "sync", payload(t, tenantPayload{Tenant: []string{"A", "B"}[i%2], Seq: i}),
+			asynq.MaxRetry(3), asynq.Retention(time.Hour))
+	}
+	// The paused task runs twice: once to pause, once after.
+	waitFor(t, 40*time.Second, "every task completed", func() (bool, string) {
+		q, err := e.insp.GetQueueInfo("default")
+		if err != nil {
+			return false, err.Error()
+		}
+		return q.Completed == tasks, fmt.Sprintf("completed=%d retry=%d archived=%d", q.Completed, q.Retry, q.Archived)
+	})
+	mu.Lock()
+	p0 := pausedAt
+	mu.Unlock()
+	if p0.IsZero() {
+		t.Fatal("the task that pauses never ran")
+	}
+	var during, bDuring int
+	for _, at := range st.of("A") {
+		// The pause began on the server before p0: it ends before p0 + pause.
+		if at.After(p0.Add(interval)) && at.Before(p0.Add(pause-interval)) {
+			t.Logf("a start of A at +%v of the pause", at.Sub(p0))
+			during++
+		}
+	}
+	for _, at := range st.of("B") {
+		if at.After(p0) && at.Before(p0.Add(pause)) {
+			bDuring++
+		}
+	}
+	t.Logf("pause of %v: %d starts of A during it, %d of B", pause, during, bDuring)
+	if during != 0 {
+		t.Errorf("%d tasks of the paused tenant started during its pause", during)
+	}
+	if bDuring == 0 && len(st.of("B")) == tasks/2 && st.of("B")[tasks/2-1].After(p0.Add(pause)) {
+		t.Errorf("tenant B started nothing during A's pause, though it had tasks left")
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.retried != 0 {
+		t.Errorf("%d retries spent, want none: a pause is not a failure", st.retried)
+	}
+	for seq := range tasks {
+		want := 1
+		if seq == 4 {
+			want = 2
+		}
+		if st.runs[seq] != want {
+			t.Errorf("task %d ran %d times, want %d", seq, st.runs[seq], want)
+		}
+	}
+}

@@ -413,9 +413,9 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 type middleware struct {
 	locks *mutex.Client
 	config
-	store    *store.Runner    // the locks' Redis, where conflicts are counted
-	prefix   string           // the locks' key prefix
-	limitOpt mutex.LockOption // mutex.Limit(limit)
+	store    *store.Runner      // the locks' Redis, where conflicts are counted
+	prefix   string             // the locks' key prefix
+	limitOpt mutex.LockOption   // mutex.Limit(limit)
 	rates    *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 }
 

@@ -116,7 +116,6 @@ type LockedError struct {
 	pauseErr error         // with paused: why the key was not paused, nil if it was
 }
 
-
 // Error names the task and the key, shortened past 100 bytes (with a digest), on
 // one line, what kept the task from running (a holder, the key's rate limit, a
 // pause its handler asked for), and the delay asked for, or the reschedule cap

@@ -210,3 +210,21 @@ func TestNotRedis(t *testing.T) {
 		t.Errorf("list with REDIS_URL .../42: %v\nwant exit 1 and the missing database named", r)
 	}
 }
+
+// TestNearKeysSkipsDigested: a key of the same task type that Redis keeps only the
+// first bytes of is counted, but not suggested, since those bytes do not name it.
+func TestNearKeysSkipsDigested(t *testing.T) {
+	t.Parallel()
+	digested := `["pay","` + strings.Repeat("x", 56) // begins as a key of type pay does
+	all := func(yield func(keyOf, error) bool) {
+		for _, k := range []keyOf{{`["pay","a"]`, false}, {digested, true}, {`["other"]`, false}} {
+			if !yield(k, nil) {
+				return
+			}
+		}
+	}
+	n, err := nearKeys(`["pay","b"]`, all)
+	if err != nil || n.Held != 3 || len(n.Keys) != 1 || n.Keys[0] != `["pay","a"]` {
+		t.Errorf("nearKeys = %+v, %v; want 3 counted and only [\"pay\",\"a\"] suggested", n, err)
+	}
+}

@@ -124,7 +124,7 @@ func TestTaskArgs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := inv.lockKey(); err != nil || got != key {
+		if got, err := inv.targetKey(); err != nil || got != key {
 			t.Errorf("show %s builds %s, %v; want %s", want, got, err, key)
 		}
 	}

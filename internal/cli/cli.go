@@ -119,7 +119,7 @@ Usage:
   asynqmutex [flags] release --force --task TYPE [VALUE...]
   asynqmutex [flags] rates
   asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
-  asynqmutex [flags] pause --for D [--every D --burst N] KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
   asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
   asynqmutex help
 

@@ -124,7 +124,11 @@ func TestRatesList(t *testing.T) {
 		}
 	}
 
-	// Another prefix, with nothing under it; locks are not listed as rates.
+	// Rate keys are not listed as locks, nor locks as rate keys.
+	if r := mustRun(t, "list", f.uri); !strings.Contains(r.stdout, "no locks held") {
+		t.Errorf("list with only rate keys:\n%s\nwant no locks", r.stdout)
+	}
+	// Another prefix, with nothing under it.
 	lock(t, newLocks(t, f.s.Client(t)), f.pay, "payment:capture", "task-1")
 	r = mustRun(t, "rates", f.uri, "--prefix", "billing:")
 	if want := `no rate-limited keys under prefix "billing:"`; strings.TrimSpace(r.stdout) != want {

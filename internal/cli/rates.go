@@ -136,7 +136,7 @@ func pause(ctx context.Context, rl *ratelimit.Limiter, inv *invocation, key stri
 	}
 	// Pause leaves a longer hold in place, and then reports it.
 	changed := left <= inv.pauseFor
-	if before.Interval > 0 && (before.Interval != every.Truncate(time.Microsecond) || before.Burst != burst) {
+	if changed && before.Interval > 0 && (before.Interval != every.Truncate(time.Microsecond) || before.Burst != burst) {
 		fmt.Fprintf(stderr, "asynqmutex: note: the latest start of %s was taken under one start every %s, burst %d;\n"+
 			"the pause is kept under the limit given, so for tasks under the other it may end a little sooner or later.\n",
 			quoteKey(key), everyText(before.Interval), before.Burst)
@@ -204,10 +204,13 @@ func resume(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *pr
 	if p.json {
 		return nil
 	}
-	fmt.Fprintf(p.w, "Resumed %s: its pause had %s left.\n", printable(key), human(before.Paused))
-	if after.Next > 0 {
+	fmt.Fprintf(p.w, "Resumed %s: its pause had %s left.\n", quoteKey(key), human(before.Paused))
+	switch {
+	case after.Next > 0:
 		fmt.Fprintf(p.w, "Its next start comes in %s: starts taken while it was paused keep their times.\n", until(after.Next))
-	} else {
+	case after.Interval == 0: // no start remembered, so no limit to count under
+		fmt.Fprintf(p.w, "Its starts may begin now.\n")
+	default:
 		fmt.Fprintf(p.w, "Its starts may begin now (%d remaining).\n", after.Remaining)
 	}
 	return nil

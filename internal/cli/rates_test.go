@@ -247,6 +247,16 @@ func TestResume(t *testing.T) {
 		t.Errorf("resume of a pause that ended: %v\nwant exit 1 and already ended", r)
 	}
 
+	// A key paused before any start has no limit to count its starts under.
+	bare := taskKeyOf(t, "sms:send", `"t-2"`)
+	if _, err := f.rl.Pause(ctx, bare, ratelimit.PerSecond(1), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	r = mustRun(t, "resume", f.uri, bare)
+	if !strings.Contains(r.stdout, "Resumed "+bare+": its pause had ") || !strings.HasSuffix(r.stdout, "\nIts starts may begin now.\n") {
+		t.Errorf("resume of a key paused before any start:\n%s\nwant its starts free, no count", r.stdout)
+	}
+
 	r = mustRun(t, "resume", f.uri, "--json", f.sms)
 	var doc resumeJSON
 	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || !doc.Resumed || doc.Key != f.sms ||

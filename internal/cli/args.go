@@ -221,6 +221,9 @@ func (inv *invocation) targetKey() (string, error) {
 	}
 	switch len(inv.args) {
 	case 0:
+		if inv.cmd == "rate" {
+			return "", usagef("rate needs a KEY, or --task TYPE [VALUE...]; 'asynqmutex rates' lists every limited key")
+		}
 		return "", usagef("%s needs a KEY, or --task TYPE [VALUE...]", inv.cmd)
 	case 1:
 		if inv.args[0] == "" {

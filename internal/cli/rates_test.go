@@ -342,7 +342,7 @@ func TestRateUsage(t *testing.T) {
 	}{
 		{[]string{"rates", "k", uri}, "rates takes no arguments, got \"k\"; to see one key, run 'asynqmutex rate KEY'"},
 		{[]string{"rates", "--task", "t", uri}, "--task goes with rate, pause and resume, not rates"},
-		{[]string{"rate", uri}, "rate needs a KEY"},
+		{[]string{"rate", uri}, "rate needs a KEY, or --task TYPE [VALUE...]; 'asynqmutex rates' lists every limited key"},
 		{[]string{"resume", uri}, "resume needs a KEY"},
 		{[]string{"resume", "a", "b", uri}, "takes one KEY"},
 		{[]string{"pause", "k", uri}, "pause needs --for DURATION"},

@@ -1,6 +1,8 @@
 // Command asynqmutex shows and releases the Redis locks that the asynqmutex
 // middleware and its mutex package take: who holds a key, since when, with which
-// fence, and who waits for it.
+// fence, and who waits for it. It also shows the per-key rate limits of package
+// ratelimit, how many starts a key has left and when it is free again, and pauses
+// and resumes them.
 //
 // Install it with:
 //
@@ -13,6 +15,10 @@
 //	asynqmutex [flags] show --task TYPE [VALUE...]
 //	asynqmutex [flags] release --force KEY
 //	asynqmutex [flags] release --force --task TYPE [VALUE...]
+//	asynqmutex [flags] rates
+//	asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
+//	asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
+//	asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
 //	asynqmutex help
 //
 // list prints every held lock under the prefix, sorted by key: its holder (the task
@@ -29,12 +35,29 @@
 // resource that checks fences rejects its late writes. Without --force, release
 // refuses. Releasing a key nobody holds changes nothing and exits with status 1.
 //
+// rates prints every rate-limited key under the prefix that Redis still remembers,
+// sorted by key: its limit as one start every EVERY with up to BURST at once (the
+// limit of its latest start; N per interval is not stored, only the spacing), how
+// many starts may begin now, the time until the next one may, until every start of
+// the burst is free again (RESET), the pause left, and the starts remembered (those
+// of the last 10 to 20 seconds and those reserved ahead). rate prints one key so; a
+// key Redis remembers nothing of is reported as not limited, with exit status 0.
+//
+// pause --for D lets no start of the key begin for D, on every worker; after it the
+// key's starts come one at a time at its spacing. A pause is kept as a time under
+// the key's limit, so pause takes the limit Redis remembers for the key, or the one
+// --every (the spacing of starts) and --burst give; a key Redis remembers no start
+// of needs --every. A pause or starts that already hold the key back longer stay.
+// resume ends a key's pause at once (starts already taken keep their times); a key
+// with no pause left is reported, and exits with status 1.
+//
 // A KEY is the lock key as the lock was taken on, for the middleware the JSON array
 // of the task type and the On fields: '["payment:capture","c-42"]' (quote it for
-// the shell). --task builds that key the way On does, from the task type and the
-// field values in On's order, each given as JSON text: '"42"' is the string 42 and
-// 42 the number. A value that is not valid JSON is taken as a string, so c-42 is the
-// string "c-42". A value that starts with a dash goes after --, which ends the flags.
+// the shell); a rate limit's key is named the same way. --task builds that key the
+// way On does, from the task type and the field values in On's order, each given as
+// JSON text: '"42"' is the string 42 and 42 the number. A value that is not valid
+// JSON is taken as a string, so c-42 is the string "c-42". A value that starts with
+// a dash goes after --, which ends the flags.
 //
 // Flags may come before or after the command:
 //
@@ -47,8 +70,13 @@
 //	    --tls              use TLS, verifying the server's certificate for its host
 //	    --tls_server NAME  use TLS, verifying the certificate for NAME
 //	    --insecure         use TLS without verifying the certificate
-//	    --prefix P         key prefix of the locks (default "asynqmutex:")
+//	    --prefix P         key prefix of the locks and rate limits (default "asynqmutex:")
 //	    --json             print one JSON document instead of text
+//	    --force            release: take the lock from its holder
+//	    --task TYPE        show, release, rate, pause, resume: the key of a task of type TYPE
+//	    --for D            pause: how long (30s, 5m)
+//	    --every D          pause: the spacing of the key's starts (100ms)
+//	    --burst N          pause: the key's burst (default 1 with --every)
 //
 // Without --uri and --cluster, the address comes from the environment variable
 // REDIS_URL (redis://[user:password@]host:port[/db] or rediss:// for TLS) when it is
@@ -56,10 +84,13 @@
 // given only in such a URL.
 //
 // With --json, durations are in milliseconds (lease_left_ms is -1 for a key without
-// expiry), times are RFC 3339, and no lock token is ever printed.
+// expiry), times are RFC 3339, and no lock token is ever printed. A rate key's
+// times to wait (next_ms, reset_ms, paused_ms) are rounded up, so that 0 means now;
+// its interval_ms keeps microseconds as a fraction.
 //
 // Exit status: 0 on success, 1 when Redis could not be reached or answered with an
-// error (or release found nothing to release), 2 for a usage error.
+// error (or release found nothing to release, or resume no pause), 2 for a usage
+// error.
 //
 // Examples:
 //
@@ -69,6 +100,11 @@
 //	asynqmutex show --task payment:capture c-42
 //	REDIS_URL=rediss://:secret@redis.internal:6380 asynqmutex release --force --task payment:capture c-42
 //	asynqmutex --cluster --cluster_addrs 10.0.0.1:7000,10.0.0.2:7000 list
+//	asynqmutex rates --json
+//	asynqmutex rate --task payment:capture c-42
+//	asynqmutex pause --for 30s --task email:send t-1
+//	asynqmutex pause --for 5m --every 600ms --burst 5 '["payment:capture","c-42"]'
+//	asynqmutex resume --task email:send t-1
 package main
 
 import (

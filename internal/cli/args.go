@@ -7,20 +7,25 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
 // invocation is a parsed command line.
 type invocation struct {
-	cmd  string   // list, show or release; "" when none was given
+	cmd  string   // list, show, release, rates, rate, pause or resume; "" when none was given
 	args []string // the arguments after the command
 
 	uri, password, clusterAddrs, tlsServer, prefix, task string
 	db                                                   int
 	cluster, tls, insecure, json, force, help            bool
+
+	every, pauseFor time.Duration // pause: --every and --for
+	burst           int           // pause: --burst
 
 	set map[string]bool // flags given on the command line, by long name
 }
@@ -55,6 +60,9 @@ func (inv *invocation) flagSet() *flag.FlagSet {
 	fs.BoolVar(&inv.json, "json", false, "")
 	fs.BoolVar(&inv.force, "force", false, "")
 	fs.StringVar(&inv.task, "task", "", "")
+	fs.DurationVar(&inv.every, "every", 0, "")
+	fs.IntVar(&inv.burst, "burst", 0, "")
+	fs.DurationVar(&inv.pauseFor, "for", 0, "")
 	return fs
 }
 
@@ -126,23 +134,34 @@ func isBoolFlag(f *flag.Flag) bool {
 // validate rejects flags and arguments that do not fit together.
 func (inv *invocation) validate() error {
 	switch inv.cmd {
-	case "", "list", "show", "release":
+	case "", "list", "show", "release", "rates", "rate", "pause", "resume":
 	case "help":
 		inv.help = true
 		return nil
 	default:
-		return usagef("unknown command %s; the commands are list, show and release", shortkey.Quote(inv.cmd))
+		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause and resume", shortkey.Quote(inv.cmd))
 	}
-	if inv.cmd == "list" {
+	switch inv.cmd {
+	case "list":
 		if len(inv.args) > 0 {
 			return usagef("list takes no arguments, got %s", shortkey.Quote(inv.args[0]))
 		}
 		if inv.set["task"] {
 			return usagef("--task goes with show and release, not list")
 		}
+	case "rates":
+		if len(inv.args) > 0 {
+			return usagef("rates takes no arguments, got %s; to see one key, run 'asynqmutex rate KEY'", shortkey.Quote(inv.args[0]))
+		}
+		if inv.set["task"] {
+			return usagef("--task goes with rate, pause and resume, not rates")
+		}
 	}
 	if inv.force && inv.cmd != "release" {
 		return usagef("--force goes with release only")
+	}
+	if err := inv.validatePause(); err != nil {
+		return err
 	}
 	if strings.ContainsAny(inv.prefix, "{}") {
 		return usagef("--prefix %s must not contain '{' or '}'", shortkey.Quote(inv.prefix))
@@ -160,10 +179,34 @@ func (inv *invocation) validate() error {
 	return nil
 }
 
-// lockKey returns the key show and release act on: the argument, or with --task the
-// key On derives. It returns "" for list.
-func (inv *invocation) lockKey() (string, error) {
-	if inv.cmd == "list" {
+// validatePause checks pause's flags: --for always, --every and --burst when given,
+// and none of them with another command.
+func (inv *invocation) validatePause() error {
+	if inv.cmd != "pause" {
+		for _, name := range []string{"for", "every", "burst"} {
+			if inv.set[name] {
+				return usagef("--%s goes with pause only", name)
+			}
+		}
+		return nil
+	}
+	switch {
+	case !inv.set["for"]:
+		return usagef("pause needs --for DURATION: how long no start of the key may begin (30s, 5m)")
+	case inv.pauseFor <= 0 || inv.pauseFor > ratelimit.MaxPer:
+		return usagef("--for %v is outside (0, %v]", inv.pauseFor, ratelimit.MaxPer)
+	case inv.set["every"] && (inv.every < time.Microsecond || inv.every > ratelimit.MaxPer):
+		return usagef("--every %v is outside [1µs, %v]", inv.every, ratelimit.MaxPer)
+	case inv.set["burst"] && (inv.burst < 1 || inv.burst > ratelimit.MaxBurst):
+		return usagef("--burst %d is outside [1, %d]", inv.burst, ratelimit.MaxBurst)
+	}
+	return nil
+}
+
+// targetKey returns the key show, release, rate, pause and resume act on: the
+// argument, or with --task the key On derives. It returns "" for list and rates.
+func (inv *invocation) targetKey() (string, error) {
+	if inv.cmd == "list" || inv.cmd == "rates" {
 		return "", nil
 	}
 	if inv.set["task"] {
@@ -178,6 +221,9 @@ func (inv *invocation) lockKey() (string, error) {
 	}
 	switch len(inv.args) {
 	case 0:
+		if inv.cmd == "rate" {
+			return "", usagef("rate needs a KEY, or --task TYPE [VALUE...]; 'asynqmutex rates' lists every limited key")
+		}
 		return "", usagef("%s needs a KEY, or --task TYPE [VALUE...]", inv.cmd)
 	case 1:
 		if inv.args[0] == "" {

@@ -13,7 +13,7 @@ import (
 // Run runs the command with args (without the program name), reading the
 // environment through env (os.Getenv) and writing to stdout and stderr. It returns
 // the exit status: 0 success, 1 Redis unreachable or failing (or nothing to
-// release), 2 a usage error. Safe for concurrent use.
+// release or resume), 2 a usage error. Safe for concurrent use.
 func Run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	return run(ctx, args, env, stdout, stderr)
 }
@@ -21,7 +21,7 @@ func Run(ctx context.Context, args []string, env func(string) string, stdout, st
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // Redis unreachable or failing, or nothing to release
+	exitFailure = 1 // Redis unreachable or failing, or nothing to release or resume
 	exitUsage   = 2
 )
 
@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 
 // execute connects to Redis and runs the command inv names.
 func execute(ctx context.Context, inv *invocation, env func(string) string, stdout, stderr io.Writer) error {
-	key, err := inv.lockKey()
+	key, err := inv.targetKey()
 	if err != nil {
 		return err
 	}
@@ -95,12 +95,21 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 		return conn.explain(list(ctx, conn.locks, out))
 	case "show":
 		return conn.explain(show(ctx, conn.locks, key, inv.givenKey(), out))
-	default: // release
+	case "release":
 		return conn.explain(release(ctx, conn.locks, key, inv.givenKey(), out, stderr))
+	case "rates":
+		return conn.explain(rates(ctx, conn.rates, out))
+	case "rate":
+		return conn.explain(rateShow(ctx, conn.rates, key, inv.givenKey(), out))
+	case "pause":
+		return conn.explain(pause(ctx, conn.rates, inv, key, out, stderr))
+	default: // resume
+		return conn.explain(resume(ctx, conn.rates, key, inv.givenKey(), out, stderr))
 	}
 }
 
-const usage = `asynqmutex shows and releases the Redis locks of asynqmutex (package mutex).
+const usage = `asynqmutex shows and releases the Redis locks of asynqmutex (package mutex), and
+shows, pauses and resumes its rate limits (package ratelimit).
 
 Usage:
   asynqmutex [flags] list
@@ -108,6 +117,10 @@ Usage:
   asynqmutex [flags] show --task TYPE [VALUE...]
   asynqmutex [flags] release --force KEY
   asynqmutex [flags] release --force --task TYPE [VALUE...]
+  asynqmutex [flags] rates
+  asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
   asynqmutex help
 
 Commands:
@@ -117,6 +130,16 @@ Commands:
   release  free a lock whoever holds it (needs --force); it goes to the first
            waiter, if any. The holder is not told until it next renews, and its
            fence is lower than every later holder's.
+  rates    every rate-limited key under the prefix, sorted by key: its limit (one
+           start every EVERY, up to BURST at once), starts that may begin now,
+           time until the next start, until the burst is full again (reset),
+           pause left, starts remembered
+  rate     one rate-limited key in full
+  pause    let no start of a key begin for --for, on every worker; after it,
+           starts come one at a time at the key's spacing. The limit is the one
+           Redis remembers for the key unless --every and --burst give it (needed
+           for a key Redis remembers no start of). A longer hold stays.
+  resume   end a key's pause now; starts already taken keep their times
 
 Keys:
   KEY is the key the lock was taken on; for the middleware the JSON array of the
@@ -126,7 +149,8 @@ Keys:
   JSON text: '"42"' is the string 42, 42 the number. A value that is not valid
   JSON is a string: c-42 means "c-42". Put values that start with - after --.
   When nobody holds the key, show and release list the keys held of the same
-  task type, with the --task form of each.
+  task type, with the --task form of each; rate and resume do the same for
+  rate-limited keys. A rate limit's key is named as the lock's is.
 
 Flags (before or after the command):
   -u, --uri ADDR         Redis host:port, or a redis://, rediss:// or unix:// URL
@@ -139,18 +163,25 @@ Flags (before or after the command):
       --tls              use TLS, verifying the certificate for the server's host
       --tls_server NAME  use TLS, verifying the certificate for NAME
       --insecure         use TLS without verifying the certificate
-      --prefix P         key prefix of the locks (default "asynqmutex:")
+      --prefix P         key prefix of the locks and rate limits
+                         (default "asynqmutex:")
       --json             print one JSON document: durations in ms, RFC 3339 times
       --force            release: take the lock from its holder
-      --task TYPE        show, release: the key of a task of type TYPE
+      --task TYPE        show, release, rate, pause, resume: the key of a task
+                         of type TYPE
+      --for D            pause: how long (30s, 5m)
+      --every D          pause: the key's spacing of starts (100ms; 1m/N for
+                         N a minute)
+      --burst N          pause: the key's burst (default 1 with --every)
   -h, --help             print this help
 
 Environment:
   REDIS_URL  used without --uri and --cluster: redis://[user:pass@]host:port[/db],
              rediss:// for TLS. Flags given explicitly override it.
 
-Exit status: 0 success (show of a free key included), 1 Redis unreachable or
-failing, or nothing to release, 2 usage error.
+Exit status: 0 success (show of a free key and rate of an unknown one
+included), 1 Redis unreachable or failing, or nothing to release or resume,
+2 usage error.
 
 Examples:
   asynqmutex list
@@ -159,4 +190,8 @@ Examples:
   asynqmutex show --task payment:capture c-42
   asynqmutex release --force --task payment:capture c-42
   asynqmutex --cluster --cluster_addrs 10.0.0.1:7000,10.0.0.2:7000 list
+  asynqmutex rates
+  asynqmutex rate --task payment:capture c-42
+  asynqmutex pause --for 30s --task payment:capture c-42
+  asynqmutex resume --task payment:capture c-42
 `

@@ -19,6 +19,7 @@ import (
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
 func TestMain(m *testing.M) {
@@ -672,6 +673,31 @@ func TestCluster(t *testing.T) {
 	}
 	if in, err := locks.Inspect(ctx, keys[0]); err != nil || !in.Held {
 		t.Errorf("after the refused release %s is held = %v (%v), want still held", keys[0], in.Held, err)
+	}
+
+	// Rate-limited keys too are read from every master.
+	rl := ratelimit.New(cc)
+	var rateKeys []string
+	for i := range 8 {
+		key := taskKeyOf(t, "email:send", strconv.Quote("t-"+strconv.Itoa(i)))
+		allow(t, rl, key, ratelimit.PerMinute(1), 1)
+		rateKeys = append(rateKeys, key)
+	}
+	r = mustRun(t, append([]string{"rates", "--json"}, cluster...)...)
+	var rdoc ratesJSON
+	if err := json.Unmarshal([]byte(r.stdout), &rdoc); err != nil {
+		t.Fatalf("rates --json: %v\n%s", err, r.stdout)
+	}
+	got = got[:0]
+	for _, st := range rdoc.Rates {
+		got = append(got, st.Key)
+	}
+	if strings.Join(got, "\n") != strings.Join(rateKeys, "\n") {
+		t.Errorf("rates on the cluster = %q, want every key, sorted: %q", got, rateKeys)
+	}
+	r = mustRun(t, append([]string{"pause", "--for", "1m", rateKeys[3]}, cluster...)...)
+	if st, err := rl.Inspect(ctx, rateKeys[3]); err != nil || st.Paused < 59*time.Second || !strings.Contains(r.stdout, "Paused") {
+		t.Errorf("pause on the cluster: %s; then %+v, %v; want paused a minute", r.stdout, st, err)
 	}
 
 	// --cluster against a single node.

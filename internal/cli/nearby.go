@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +53,7 @@ func splitKey(key string) (typ string, values []string, ok bool) {
 // nearby is what is held close to a key nobody holds: the held keys of the same
 // task type, and how many keys are held in all, so that a mistyped key (a string
 // where the payload has a number, or the other way round) is not read as free.
+// The rate commands use it for limited keys the same way (see rateNearby).
 type nearby struct {
 	TaskType string   `json:"task_type"` // the key's task type, or the key itself when it is no JSON array
 	Keys     []string `json:"keys"`      // held keys of that task type, sorted, at most maxNearby
@@ -62,8 +64,26 @@ type nearby struct {
 // maxNearby bounds the keys a near miss lists.
 const maxNearby = 10
 
+// keyOf is a key as List reads it back: whole, or only its first bytes (digested).
+type keyOf struct {
+	key      string
+	digested bool
+}
+
 // findNearby lists the held keys near key (see nearby), with one SCAN of the prefix.
 func findNearby(ctx context.Context, locks *mutex.Client, key string) (*nearby, error) {
+	return nearKeys(key, func(yield func(keyOf, error) bool) {
+		for in, err := range locks.List(ctx) {
+			if !yield(keyOf{in.Key, in.Digested}, err) {
+				return
+			}
+		}
+	})
+}
+
+// nearKeys finds the keys of all near key (see nearby). A digested key is counted
+// but not suggested: its first bytes do not name it.
+func nearKeys(key string, all iter.Seq2[keyOf, error]) (*nearby, error) {
 	typ, _, ok := splitKey(key)
 	if !ok {
 		typ = key // perhaps the task type alone, as someone would type it
@@ -74,15 +94,15 @@ func findNearby(ctx context.Context, locks *mutex.Client, key string) (*nearby, 
 	}
 	whole, start := name, strings.TrimSuffix(name, "]")+","
 	n := &nearby{TaskType: typ, Keys: []string{}}
-	for in, err := range locks.List(ctx) {
+	for k, err := range all {
 		if err != nil {
 			return nil, err
 		}
 		n.Held++
-		if in.Key == key || (in.Key != whole && !strings.HasPrefix(in.Key, start)) {
+		if k.key == key || k.digested || (k.key != whole && !strings.HasPrefix(k.key, start)) {
 			continue
 		}
-		n.Keys = append(n.Keys, in.Key)
+		n.Keys = append(n.Keys, k.key)
 	}
 	slices.Sort(n.Keys)
 	if len(n.Keys) > maxNearby {
@@ -91,24 +111,40 @@ func findNearby(ctx context.Context, locks *mutex.Client, key string) (*nearby, 
 	return n, nil
 }
 
+// nearWords are the words a near miss is told in: of held locks, or of limited keys.
+type nearWords struct {
+	held, Held string // "held", or "limited"
+	list, show string // the commands that list every key and show one
+}
+
+var (
+	lockWords = nearWords{held: "held", Held: "Held", list: "list", show: "show"}
+	rateWords = nearWords{held: "limited", Held: "Limited", list: "rates", show: "rate"}
+)
+
 // write says what is held near the key, for a person.
-func (n *nearby) write(w io.Writer, prefix string) {
+func (n *nearby) write(w io.Writer, prefix string) { n.writeAs(w, prefix, lockWords) }
+
+// writeAs says what is near the key in words.
+func (n *nearby) writeAs(w io.Writer, prefix string, words nearWords) {
 	switch {
 	case n.Held == 0:
-		fmt.Fprintf(w, "No key at all is held under prefix %s.\n", strconv.Quote(prefix))
+		fmt.Fprintf(w, "No key at all is %s under prefix %s.\n", words.held, strconv.Quote(prefix))
 		return
 	case len(n.Keys) == 0:
-		fmt.Fprintf(w, "No key of task type %s is held; %d other %s held under prefix %s: run 'asynqmutex list'.\n",
-			printable(strconv.Quote(n.TaskType)), n.Held, plural(n.Held, "key is", "keys are"), strconv.Quote(prefix))
+		fmt.Fprintf(w, "No key of task type %s is %s; %d other %s %s under prefix %s: run 'asynqmutex %s'.\n",
+			printable(strconv.Quote(n.TaskType)), words.held, n.Held, plural(n.Held, "key is", "keys are"), words.held,
+			strconv.Quote(prefix), words.list)
 		return
 	}
-	fmt.Fprintf(w, "Held nearby: %d %s of task type %s (of %d held under prefix %s); is one of them meant?\n",
-		len(n.Keys)+n.More, plural(len(n.Keys)+n.More, "key", "keys"), printable(strconv.Quote(n.TaskType)), n.Held, strconv.Quote(prefix))
+	fmt.Fprintf(w, "%s nearby: %d %s of task type %s (of %d %s under prefix %s); is one of them meant?\n",
+		words.Held, len(n.Keys)+n.More, plural(len(n.Keys)+n.More, "key", "keys"), printable(strconv.Quote(n.TaskType)),
+		n.Held, words.held, strconv.Quote(prefix))
 	for _, k := range n.Keys {
-		fmt.Fprintf(w, "  %s    asynqmutex show %s\n", printable(k), taskArgs(k))
+		fmt.Fprintf(w, "  %s    asynqmutex %s %s\n", printable(k), words.show, taskArgs(k))
 	}
 	if n.More > 0 {
-		fmt.Fprintf(w, "  … and %d more: run 'asynqmutex list'\n", n.More)
+		fmt.Fprintf(w, "  … and %d more: run 'asynqmutex %s'\n", n.More, words.list)
 	}
 }
 

@@ -124,7 +124,7 @@ func TestTaskArgs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := inv.lockKey(); err != nil || got != key {
+		if got, err := inv.targetKey(); err != nil || got != key {
 			t.Errorf("show %s builds %s, %v; want %s", want, got, err, key)
 		}
 	}
@@ -208,5 +208,23 @@ func TestNotRedis(t *testing.T) {
 	r = cli(t, map[string]string{"REDIS_URL": "redis://" + s.Addr() + "/42"}, "list")
 	if r.code != exitFailure || !strings.Contains(r.stderr, "has no database 42 (REDIS_URL)") {
 		t.Errorf("list with REDIS_URL .../42: %v\nwant exit 1 and the missing database named", r)
+	}
+}
+
+// TestNearKeysSkipsDigested: a key of the same task type that Redis keeps only the
+// first bytes of is counted, but not suggested, since those bytes do not name it.
+func TestNearKeysSkipsDigested(t *testing.T) {
+	t.Parallel()
+	digested := `["pay","` + strings.Repeat("x", 56) // begins as a key of type pay does
+	all := func(yield func(keyOf, error) bool) {
+		for _, k := range []keyOf{{`["pay","a"]`, false}, {digested, true}, {`["other"]`, false}} {
+			if !yield(k, nil) {
+				return
+			}
+		}
+	}
+	n, err := nearKeys(`["pay","b"]`, all)
+	if err != nil || n.Held != 3 || len(n.Keys) != 1 || n.Keys[0] != `["pay","a"]` {
+		t.Errorf("nearKeys = %+v, %v; want 3 counted and only [\"pay\",\"a\"] suggested", n, err)
 	}
 }

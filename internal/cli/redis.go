@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
 // dialTimeout bounds each connection attempt: a command-line tool should say soon
@@ -25,6 +26,7 @@ const dialTimeout = 3 * time.Second
 type conn struct {
 	rdb     redis.UniversalClient
 	locks   *mutex.Client
+	rates   *ratelimit.Limiter
 	cluster bool
 	tls     bool
 	where   string // the address(es), for messages; never a password
@@ -88,6 +90,7 @@ func connect(inv *invocation, env func(string) string) (*conn, error) {
 		c.rdb = redis.NewClient(opt)
 	}
 	c.locks = mutex.New(c.rdb, mutex.Prefix(inv.prefix))
+	c.rates = ratelimit.New(c.rdb, ratelimit.Prefix(inv.prefix))
 	return c, nil
 }
 
@@ -216,7 +219,7 @@ func replyOf(err error) string {
 	return msg
 }
 
-// cause strips the wrapping mutex adds, which repeats the key, from a network error.
+// cause strips the wrapping mutex and ratelimit add, which repeats the key, from a network error.
 func cause(err error) error {
 	var oe *net.OpError
 	if errors.As(err, &oe) {

@@ -17,6 +17,7 @@ import (
 type State struct {
 	Key      string // the key, decoded from its Redis key
 	Digested bool   // Key holds only the first bytes of a long key (see mutex.Info)
+	RedisKey string // the sorted set that holds the key's starts (docs/protocol.md)
 
 	// Interval and Burst are the limit of the latest start (its N per Per is one start
 	// every Interval); zero when no start is remembered.
@@ -51,7 +52,7 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (State, error) {
 
 // state reads inspect.lua's reply on the key at rkey.
 func (l *Limiter) state(rkey string, res []any) (State, error) {
-	var st State
+	st := State{RedisKey: rkey}
 	st.Key, st.Digested = keyOf(l.prefix, rkey)
 	if len(res) != 5 {
 		return st, fmt.Errorf("ratelimit: inspect %s: unexpected reply %v", show(st.Key), res)

@@ -303,6 +303,9 @@ func TestInspectAndList(t *testing.T) {
 	if len(seen) != 2 || seen[a].Starts != 3 {
 		t.Errorf("List = %+v; want %q and the long key", seen, a)
 	}
+	if st.RedisKey != prefix+"rate:{tenant%7Ba%7D}" {
+		t.Errorf("Inspect(%q).RedisKey = %q", a, st.RedisKey)
+	}
 	if lb := seen[b[:64]]; !lb.Digested || lb.Paused < 59*time.Second || lb.Next < 59*time.Second {
 		t.Errorf("List's long paused key = %+v; want digested, paused about a minute", lb)
 	}

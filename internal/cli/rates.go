@@ -108,6 +108,7 @@ func rateShow(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *
 		field("Paused:", "no")
 	}
 	field("Starts:", "%d remembered (those of the last 10 to 20 s, and those reserved ahead)", st.Starts)
+	field("Redis key:", "%s", printable(st.RedisKey))
 	return nil
 }
 

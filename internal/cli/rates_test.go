@@ -160,6 +160,7 @@ func TestRateShow(t *testing.T) {
 		"(then all 5 starts are free again)\n",
 		"Paused:      no\n",
 		"Starts:      3 remembered",
+		"Redis key:   asynqmutex:rate:{" + f.pay + "}\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("rate %s:\n%s\nwant it to contain %q", f.pay, r.stdout, want)

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
@@ -245,36 +243,12 @@ func serverTime(reply any) time.Time {
 // yielded. Iteration stops at the first error, which is yielded with a zero Info. Safe
 // for concurrent use.
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
-	return func(yield func(Info, error) bool) {
-		var stop error
-		err := c.run.Scan(ctx, store.EscapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0},
-			func(rkey string, cmd *redis.Cmd) bool {
-				res, err := cmd.Slice()
-				if err != nil {
-					stop = fmt.Errorf("%s: %w", show(rkey), err)
-					return false
-				}
-				in, err := c.info(rkey, res)
-				if err != nil {
-					stop = err
-					return false
-				}
-				if in.Held && !yield(in, nil) {
-					stop = errStopList
-					return false
-				}
-				return true
-			})
-		if err == nil {
-			err = stop
-		}
-		if err != nil && !errors.Is(err, errStopList) {
-			yield(Info{}, fmt.Errorf("mutex: list: %w", err))
-		}
-	}
+	return store.List(ctx, c.run, "mutex: list", store.EscapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0},
+		func(rkey string, reply []any) (Info, bool, error) {
+			in, err := c.info(rkey, reply)
+			return in, err == nil && in.Held, err
+		})
 }
-
-var errStopList = errors.New("mutex: list stopped")
 
 // Released is what ForceRelease did.
 type Released struct {

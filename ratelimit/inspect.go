@@ -2,12 +2,9 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/internal/store"
 )
@@ -87,36 +84,13 @@ func (l *Limiter) state(rkey string, res []any) (State, error) {
 // pipelined script call per key (every master of a Cluster in turn). Iteration stops
 // at the first error, which is yielded with a zero State. Safe for concurrent use.
 func (l *Limiter) List(ctx context.Context) iter.Seq2[State, error] {
-	return func(yield func(State, error) bool) {
-		var stop error
-		err := l.run.Scan(ctx, store.EscapeGlob(l.prefix+rateInfix)+"{*}", "zset", inspectScript,
-			func(rkey string) []string { return []string{rkey} }, nil,
-			func(rkey string, cmd *redis.Cmd) bool {
-				res, err := cmd.Slice()
-				if err == nil {
-					var st State
-					st, err = l.state(rkey, res)
-					if err == nil {
-						if !yield(st, nil) {
-							stop = errStopList
-							return false
-						}
-						return true
-					}
-				}
-				stop = fmt.Errorf("%s: %w", rkey, err)
-				return false
-			})
-		if err == nil {
-			err = stop
-		}
-		if err != nil && !errors.Is(err, errStopList) {
-			yield(State{}, fmt.Errorf("ratelimit: list: %w", err))
-		}
-	}
+	return store.List(ctx, l.run, "ratelimit: list", store.EscapeGlob(l.prefix+rateInfix)+"{*}", "zset", inspectScript,
+		func(rkey string) []string { return []string{rkey} }, nil,
+		func(rkey string, reply []any) (State, bool, error) {
+			st, err := l.state(rkey, reply)
+			return st, err == nil, err
+		})
 }
-
-var errStopList = errors.New("ratelimit: list stopped")
 
 func number(v any) int64 {
 	switch n := v.(type) {

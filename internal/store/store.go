@@ -10,13 +10,17 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"iter"
 	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
 // Runner runs scripts on one Redis deployment. It is safe for concurrent use.
@@ -208,13 +212,49 @@ func EscapeGlob(s string) string {
 	return b.String()
 }
 
-// Scan runs s on every key that matches the glob match and, unless typ is "", is of
-// Redis type typ (SCAN MATCH ... TYPE ...), on every master of a Cluster in turn,
-// pipelining one call per key a SCAN batch at a time. keysOf gives the keys of s's call for a key
-// found, args its arguments; fn gets the key and its reply, and stops the scan by
-// returning false (Scan then returns nil). It returns the first error of the scan or
-// of a call.
-func (r *Runner) Scan(ctx context.Context, match, typ string, s *Script, keysOf func(key string) []string, args []any,
+// List yields what decode makes of every key that matches the glob match and,
+// unless typ is "", is of Redis type typ (SCAN MATCH ... TYPE ...): s runs on each key
+// found, one pipelined call per key a SCAN batch at a time, on every master of a
+// Cluster in turn; keysOf gives the keys of s's call for a key found, args its
+// arguments; decode gets the key and the call's reply, and skips the key by returning
+// ok false. Iteration stops at the first error, which is yielded with a zero T and
+// what before its text ("mutex: list: ...").
+func List[T any](ctx context.Context, r *Runner, what, match, typ string, s *Script, keysOf func(key string) []string, args []any,
+	decode func(key string, reply []any) (v T, ok bool, err error)) iter.Seq2[T, error] {
+	return func(yield func(T, error) bool) {
+		var stop error
+		stopped := false
+		err := r.scan(ctx, match, typ, s, keysOf, args, func(key string, cmd *redis.Cmd) bool {
+			reply, err := cmd.Slice()
+			if err != nil {
+				stop = fmt.Errorf("%s: %w", shortkey.Show(key), err)
+				return false
+			}
+			v, ok, err := decode(key, reply)
+			switch {
+			case err != nil:
+				stop = err
+				return false
+			case ok && !yield(v, nil):
+				stopped = true
+				return false
+			}
+			return true
+		})
+		if err == nil {
+			err = stop
+		}
+		if err != nil && !stopped {
+			var zero T
+			yield(zero, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+}
+
+// scan runs s on every key that matches match and typ (see List), calling fn with
+// each key and its reply until fn returns false; it returns the first error of the
+// scan or of a call.
+func (r *Runner) scan(ctx context.Context, match, typ string, s *Script, keysOf func(key string) []string, args []any,
 	fn func(key string, cmd *redis.Cmd) bool) error {
 	nodes := []redis.UniversalClient{r.c}
 	if cc, ok := r.c.(*redis.ClusterClient); ok {
@@ -240,7 +280,7 @@ func (r *Runner) Scan(ctx context.Context, match, typ string, s *Script, keysOf 
 	return nil
 }
 
-// scanNode is Scan on one node; more is false when fn stopped it. Its calls follow
+// scanNode is scan on one node; more is false when fn stopped it. Its calls follow
 // Run's rules: FCALL, loading the library on the node where it is missing, or EVALSHA,
 // loading the script on NOSCRIPT (see scanCalls).
 func (r *Runner) scanNode(ctx context.Context, node redis.UniversalClient, match, typ string, s *Script, keysOf func(string) []string, args []any,

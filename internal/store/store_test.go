@@ -227,7 +227,7 @@ func TestFunctions(t *testing.T) {
 		assert.True(t, byFunctions(s, 4), "still by FCALL: %v", s)
 	})
 
-	t.Run("Scan by FCALL, loaded again after FUNCTION FLUSH", func(t *testing.T) {
+	t.Run("scan by FCALL, loaded again after FUNCTION FLUSH", func(t *testing.T) {
 		r := New(srv.Client(t))
 		keys := []string{"storetest:scan:a", "storetest:scan:b", "storetest:scan:c"}
 		for _, k := range keys {
@@ -235,7 +235,7 @@ func TestFunctions(t *testing.T) {
 		}
 		scan := func() []string {
 			var got []string
-			require.NoError(t, r.Scan(ctx, "storetest:scan:*", "string", testGet, func(k string) []string { return []string{k} }, nil,
+			require.NoError(t, r.scan(ctx, "storetest:scan:*", "string", testGet, func(k string) []string { return []string{k} }, nil,
 				func(k string, cmd *redis.Cmd) bool {
 					v, err := cmd.Text()
 					require.NoError(t, err)
@@ -252,11 +252,11 @@ func TestFunctions(t *testing.T) {
 		assert.True(t, s.eval == 0 && s.fcall == 6, "a pipeline that found the library missing, then one more: %v", s)
 	})
 
-	t.Run("Scan by EVALSHA for a user who may not call functions", func(t *testing.T) {
+	t.Run("scan by EVALSHA for a user who may not call functions", func(t *testing.T) {
 		r := New(userClient(t, "scanner", "+scan"))
 		var n int
 		s := measure(t, admin, func() {
-			require.NoError(t, r.Scan(ctx, "storetest:scan:*", "", testGet, func(k string) []string { return []string{k} }, nil,
+			require.NoError(t, r.scan(ctx, "storetest:scan:*", "", testGet, func(k string) []string { return []string{k} }, nil,
 				func(string, *redis.Cmd) bool { n++; return true }))
 		})
 		assert.Equal(t, 3, n)
@@ -406,7 +406,7 @@ func TestFunctionsOnCluster(t *testing.T) {
 		require.NoError(t, m.FunctionFlush(ctx).Err())
 	}
 	n := 0
-	require.NoError(t, r.Scan(ctx, "storetest:*", "", testGet, func(k string) []string { return []string{k} }, nil,
+	require.NoError(t, r.scan(ctx, "storetest:*", "", testGet, func(k string) []string { return []string{k} }, nil,
 		func(k string, cmd *redis.Cmd) bool {
 			v, err := cmd.Text()
 			require.NoError(t, err)

@@ -92,9 +92,24 @@ func TestRateSpacesStarts(t *testing.T) {
 					t.Errorf("start %d at %v after the first call, before its slot at %v", i, s.Sub(t0), min.Sub(t0))
 				}
 			}
-			assert.Equal(t, tasks-1, strings.Count(fmt.Sprint(ev.ops()), OpRateWaited.String()), "every task but the first waited for its start")
 		})
 	}
+}
+
+// A task that waits for its start is reported, with the wait, before it runs.
+func TestRateWaitedEvent(t *testing.T) {
+	locks, _ := newLocks(t)
+	var ev events
+	const per = time.Second // the second start comes a second after the first
+	h := Middleware(locks, On("tenant"), Rate(1, per), MaxWait(time.Minute), Observe(ev.observe))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	require.NoError(t, h.ProcessTask(context.Background(), tenantTask("a")))
+	assert.Empty(t, ev.ops(), "the first start waits for nothing")
+	require.NoError(t, h.ProcessTask(context.Background(), tenantTask("a")))
+	require.Equal(t, []Op{OpRateWaited}, ev.ops())
+	if w := ev.last().Wait; w <= 0 || w > per {
+		t.Errorf("OpRateWaited.Wait = %v, want up to %v", w, per)
+	}
+	assert.Equal(t, Event{Op: OpRateWaited, TaskType: "sync", Key: `["sync","a"]`}, stripped(ev.last()))
 }
 
 func TestRateLimitedPolicies(t *testing.T) {

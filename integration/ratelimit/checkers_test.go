@@ -1,0 +1,210 @@
+package ratelimit_test
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/asynqmutex/asynqmutex/ratelimit"
+)
+
+// The checkers judge recorded begin times (referee µs). Each has a positive control
+// in checkers_control_test.go.
+
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// interval is the spacing of lim's starts.
+func interval(lim ratelimit.Limit) time.Duration { return lim.Per / time.Duration(lim.N) }
+
+// maxInWindow returns the most begins (sorted) that fall in one half-open window
+// [s, s+per), over every s, and the window's start. The fullest window can always be
+// moved to start at a begin, so only those are tried.
+func maxInWindow(begins []int64, per int64) (most int, at int64) {
+	j := 0
+	for i, b := range begins {
+		for j < len(begins) && begins[j] < b+per {
+			j++
+		}
+		if j-i > most {
+			most, at = j-i, b
+		}
+	}
+	return most, at
+}
+
+// span is when something happened, known to lie between Lo and Hi (referee µs).
+type span struct{ Lo, Hi int64 }
+
+// certainInWindow returns the most spans that certainly lie in one window of per:
+// spans that all fit in it, so that wherever in its span each event really was, one
+// window [x, x+per) holds them all. With points (Lo == Hi) it is maxInWindow.
+func certainInWindow(spans []span, per int64) (most int, at int64) {
+	for _, a := range spans {
+		x, n := a.Lo, 0
+		for _, s := range spans {
+			if s.Lo >= x && s.Hi < x+per {
+				n++
+			}
+		}
+		if n > most {
+			most, at = n, x
+		}
+	}
+	return most, at
+}
+
+// spans maps starts to one of their spans.
+func spans(starts []start, f func(start) span) []span {
+	out := make([]span, len(starts))
+	for i, s := range starts {
+		out[i] = f(s)
+	}
+	return out
+}
+
+// Two bounds, two views of a start (see start.set and start.began).
+//
+// The limiter promises that the moments it sets, on its clock, put at most N+b-1
+// in any window of Per (N with the default burst b of 1): setBound. The checker
+// counts the starts whose set moments certainly fall in one window, from bounds
+// each worker measured (probe, record): the server decided between the take
+// script's sending and its reply, plus the delay it answered; the referee's clock
+// is reached through the record's round trip. Those bounds hold however long a
+// process or the referee stalls; a stall only widens them.
+//
+// The bound, beginBound, is on the moments starts begin: N + burst. A start
+// begins when Wait returns, never before the moment set but often after it: Wait
+// sleeps the delay from when it read the reply, and its timer and the scheduler may
+// wake it late. The lateness differs from start to start: if the first start of a
+// full window begins late by d while the start N later begins on time, they are
+// Per-d apart and a window of Per holds N+1. The one start more covers any lateness
+// below an interval (Per/N: 20ms at 50/s). A process stalled for longer (a loaded
+// machine) can bunch more, which no limiter can prevent once it has answered; the
+// workers measure each start's lateness, so a window beyond beginBound is blamed on
+// the limiter only when no start in it was late by an interval or more.
+//
+// Either way the referee's own delay (it reads its clock when the record reaches
+// it) is measured and taken out, not allowed for: a referee stalled for longer than
+// an interval would otherwise bunch records of starts that did not bunch.
+func setBound(lim ratelimit.Limit) int   { return lim.N + max(lim.Burst, 1) - 1 }
+func beginBound(lim ratelimit.Limit) int { return lim.N + max(lim.Burst, 1) }
+
+// windowVerdict is what checkWindows found: the most starts in one window of Per,
+// as set by the limiter and as begun (both certain, see certainInWindow), and as
+// recorded (the referee's times taken as exact), with the latest start of the
+// fullest begun window.
+type windowVerdict struct {
+	Set, Began, Recorded int
+	BeganAt              int64
+	Late                 time.Duration // the most any start of the fullest begun window was late
+}
+
+func (v windowVerdict) String(lim ratelimit.Limit) string {
+	return fmt.Sprintf("%d set (bound %d), %d begun (bound %d; the latest of them %v late), %d recorded",
+		v.Set, setBound(lim), v.Began, beginBound(lim), v.Late.Round(100*time.Microsecond), v.Recorded)
+}
+
+// checkWindows fails when a window of lim.Per certainly holds more than setBound
+// set moments, or more than beginBound begins none of which was late by an
+// interval or more.
+func checkWindows(starts []start, lim ratelimit.Limit) (windowVerdict, error) {
+	per := micros(lim.Per)
+	var v windowVerdict
+	v.Set, _ = certainInWindow(spans(starts, start.set), per)
+	v.Began, v.BeganAt = certainInWindow(spans(starts, start.began), per)
+	v.Recorded, _ = certainInWindow(spans(starts, func(s start) span { return span{s.Begin, s.Begin} }), per)
+	for _, s := range starts {
+		if s.Begin-s.U >= v.BeganAt && s.Begin < v.BeganAt+per {
+			v.Late = max(v.Late, time.Duration(s.LateHi)*time.Microsecond)
+		}
+	}
+	switch {
+	case v.Set > setBound(lim):
+		return v, fmt.Errorf("the limiter set %d starts in one window of %v, more than N %d + burst %d - 1", v.Set, lim.Per, lim.N, max(lim.Burst, 1))
+	case v.Began > beginBound(lim) && v.Late < interval(lim):
+		return v, fmt.Errorf("%d starts began in the window of %v from %d µs, more than N %d + burst %d, none of them an interval late",
+			v.Began, lim.Per, v.BeganAt, lim.N, max(lim.Burst, 1))
+	}
+	return v, nil
+}
+
+// describeWindow lists the starts of the fullest begun window of per and a little
+// after it, each as its offset from the window's start, its worker, its referee
+// delay and its lateness: a violation's explanation.
+func describeWindow(starts []start, per time.Duration) string {
+	_, at := certainInWindow(spans(starts, start.began), micros(per))
+	var b strings.Builder
+	for _, s := range starts {
+		if s.Begin >= at && s.Begin <= at+micros(per)+micros(per)/10 {
+			fmt.Fprintf(&b, " +%.1fms(w%d U %.1fms late %.1f-%.1fms)", float64(s.Begin-at)/1000, s.Worker,
+				float64(s.U)/1000, float64(s.LateHi)/1000, float64(s.LateLo)/1000)
+		}
+	}
+	return b.String()
+}
+
+// minShare is the least share of a limit a saturated key must use.
+const minShare = 0.95
+
+// checkThroughput counts the begins in [from, from+run) and fails when they are
+// fewer than minShare of what lim allows in run: the limiter left slots unused
+// while workers were waiting for them. It returns the rate seen, in starts per Per.
+func checkThroughput(begins []int64, lim ratelimit.Limit, from int64, run time.Duration) (float64, error) {
+	n := 0
+	for _, b := range begins {
+		if b >= from && b < from+micros(run) {
+			n++
+		}
+	}
+	ideal := float64(lim.N) * float64(run) / float64(lim.Per)
+	rate := float64(n) * float64(lim.Per) / float64(run)
+	if float64(n) < minShare*ideal {
+		return rate, fmt.Errorf("%d starts in %v, %.1f per %v, below %.0f%% of %d per %v (%.0f starts)",
+			n, run, rate, lim.Per, 100*minShare, lim.N, lim.Per, ideal)
+	}
+	return rate, nil
+}
+
+// pauseRecord is a Pause the parent made: the referee's time just before the call
+// and just after its answer, and the pause's length.
+type pauseRecord struct {
+	Before, After int64
+	D             time.Duration
+}
+
+// end is the earliest the pause can have ended: it began no earlier than Before.
+func (p pauseRecord) end() int64 { return p.Before + micros(p.D) }
+
+// pauseVerdict is what checkPause found for one key.
+type pauseVerdict struct {
+	// Late: starts whose Wait was called after the pause had begun (Call > After) and
+	// that began before it could have ended. Each is a violation.
+	Late []start
+	// Inside: every start that began inside the pause (after After, before end).
+	Inside []start
+}
+
+// checkPause looks at a key's starts (with Call recorded) around pause p. A Wait
+// called after the Pause returned must not begin before the pause ends. Starts taken
+// before the pause (a Wait already sleeping until its slot) are counted in Inside:
+// each Wait loop holds at most one such start, so loops bounds len(Inside).
+func checkPause(starts []start, p pauseRecord, loops int) (pauseVerdict, error) {
+	var v pauseVerdict
+	for _, s := range starts {
+		if s.Begin > p.After && s.Begin < p.end() {
+			v.Inside = append(v.Inside, s)
+		}
+		if s.Call > p.After && s.Begin < p.end() {
+			v.Late = append(v.Late, s)
+		}
+	}
+	switch {
+	case len(v.Late) > 0:
+		s := v.Late[0]
+		return v, fmt.Errorf("%d starts called after the pause began before it ended; the first called %d µs after the pause returned, began %d µs before its end",
+			len(v.Late), s.Call-p.After, p.end()-s.Begin)
+	case len(v.Inside) > loops:
+		return v, fmt.Errorf("%d starts began inside the pause, more than the %d Wait loops could have reserved before it", len(v.Inside), loops)
+	}
+	return v, nil
+}

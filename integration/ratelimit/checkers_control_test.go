@@ -118,6 +118,52 @@ func TestCheckersTripOnSyntheticHistories(t *testing.T) {
 		}
 	})
 
+	t.Run("saturation", func(t *testing.T) {
+		// set returns starts the limiter set every `every` from t0, each told to
+		// wait (Delay > 0) but the first.
+		set := func(n int, every time.Duration) []start {
+			out := make([]start, n)
+			for i := range out {
+				out[i] = start{S: t0 + int64(i)*micros(every), Delay: 1000, HasS: true}
+			}
+			out[0].Delay = 0
+			return out
+		}
+		check := func(name string, starts []start, fails bool) {
+			t.Helper()
+			sat, err := checkSaturated(starts, lim)
+			if (err != nil) != fails {
+				t.Errorf("%s: %.2f per %v, %v idle, %v; want failing %v", name, sat.Rate, lim.Per, sat.Idle, err, fails)
+			}
+		}
+		check("saturated", set(500, iv), false)
+
+		// A second nobody asked in: the start after it was answered "now".
+		idle := set(500, iv)
+		for i := 250; i < len(idle); i++ {
+			idle[i].S += micros(lim.Per)
+		}
+		idle[250].Delay = 0
+		if sat, err := checkSaturated(idle, lim); err != nil || sat.Idle != lim.Per || sat.Rate != 50 {
+			t.Errorf("an idle second: %.2f per %v, %v idle, %v; want 50, 1s, nil", sat.Rate, lim.Per, sat.Idle, err)
+		}
+		// The same gap with the start after it told to wait: a slot went unused.
+		idle[250].Delay = 1000
+		check("a wasted second", idle, true)
+		// A limiter 10% slow: every start waits a little longer than the interval.
+		check("10% slow", set(500, iv+iv/10), true)
+		// Two starts half an interval apart.
+		tooClose := set(500, iv)
+		tooClose[1].S = t0 + micros(iv)/2
+		check("too close", tooClose, true)
+		// Every start answered "now", each after a pause: never saturated.
+		sparse := set(10, 3*iv)
+		for i := range sparse {
+			sparse[i].Delay = 0
+		}
+		check("never saturated", sparse, true)
+	})
+
 	t.Run("pause", func(t *testing.T) {
 		p := pauseRecord{Before: t0 + 1000, After: t0 + 2000, D: 20 * iv}
 		ok := []start{

@@ -1,7 +1,9 @@
 package ratelimit_test
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -207,4 +209,54 @@ func checkPause(starts []start, p pauseRecord, loops int) (pauseVerdict, error) 
 		return v, fmt.Errorf("%d starts began inside the pause, more than the %d Wait loops could have reserved before it", len(v.Inside), loops)
 	}
 	return v, nil
+}
+
+// saturation is what checkSaturated found.
+type saturation struct {
+	Rate float64       // starts per Per while some caller was waiting
+	Idle time.Duration // time no caller was waiting: nobody asked
+	Busy time.Duration // the rest of the span from the first start set to the last
+}
+
+// checkSaturated judges use of the limit from the limiter's own decisions: the
+// exact moment S it set for each start and the delay it answered (start.S and
+// start.Delay), both on the rate server's clock. With burst 1, GCRA sets a start at
+// the later of the decision and one interval after the start before; so a gap of
+// more than an interval before a start is idle time when that start was answered
+// "now" (delay 0: nobody had asked during the gap), and waste when it was told to
+// wait (someone was waiting while a slot went unused). A worker stalled before it
+// asks makes idle time, which is the machine's; waste is the limiter's. It fails on
+// any waste, on starts closer than an interval, and when the rate while callers
+// waited is below minShare of the limit. starts must all have S.
+func checkSaturated(starts []start, lim ratelimit.Limit) (saturation, error) {
+	var sat saturation
+	if len(starts) < 2 {
+		return sat, fmt.Errorf("%d starts: nothing to judge", len(starts))
+	}
+	ss := slices.Clone(starts)
+	slices.SortFunc(ss, func(a, b start) int { return cmp.Compare(a.S, b.S) })
+	iv := tau(ratelimit.Limit{N: lim.N, Per: lim.Per}) // the interval, rounded as the limiter does
+	var idle int64
+	for k := 1; k < len(ss); k++ {
+		g := ss[k].S - ss[k-1].S
+		switch {
+		case g < iv:
+			return sat, fmt.Errorf("starts set %d µs apart at %d µs, less than the interval %d µs", g, ss[k].S, iv)
+		case g > iv && ss[k].Delay > 0:
+			return sat, fmt.Errorf("waste: a start set at %d µs was told to wait %d µs although the slot at %d µs was free (%d µs unused)",
+				ss[k].S, ss[k].Delay, ss[k-1].S+iv, g-iv)
+		case g > iv:
+			idle += g - iv
+		}
+	}
+	busy := ss[len(ss)-1].S - ss[0].S - idle
+	sat.Idle, sat.Busy = time.Duration(idle)*time.Microsecond, time.Duration(busy)*time.Microsecond
+	if busy < micros(lim.Per) {
+		return sat, fmt.Errorf("callers waited only %v in all: the key was never saturated", sat.Busy)
+	}
+	sat.Rate = float64(len(ss)-1) * float64(micros(lim.Per)) / float64(busy)
+	if sat.Rate < minShare*float64(lim.N) {
+		return sat, fmt.Errorf("%.2f starts per %v while callers waited, below %.0f%% of %v", sat.Rate, lim.Per, 100*minShare, lim)
+	}
+	return sat, nil
 }

@@ -90,6 +90,10 @@ type record struct {
 	// LateLo and LateHi bound how long after the moment the limiter set for the start
 	// Wait returned (see probe): 0 when the worker had no probe (the broken control).
 	LateLo, LateHi int64
+	// Member is the start's member in the key's sorted set and Delay the delay the
+	// limiter answered, µs (see probe); "" and 0 without a probe.
+	Member string
+	Delay  int64
 }
 
 // recordScript appends a start to starts:<key> with the referee's time.
@@ -238,6 +242,7 @@ func takeLoop(ctx context.Context, spec workerSpec, ks keySpec, take func(contex
 		rc := record{Key: ks.Name, Begin: begin, U: u}
 		if !pr.sent.IsZero() {
 			rc.LateLo, rc.LateHi = micros(began.Sub(pr.sent)), micros(began.Sub(pr.read))
+			rc.Member, rc.Delay = pr.member, pr.delay
 		}
 		recs = append(recs, rc)
 	}
@@ -247,8 +252,14 @@ func takeLoop(ctx context.Context, spec workerSpec, ks keySpec, take func(contex
 // probe is where probeHook leaves, for one Wait, bounds of the moment the limiter's
 // answer set for its start, on the worker's clock: the server decided between the
 // take script's sending and its reply's arrival, and set the start the reply's
-// delay after that. Wait itself does not tell; the hook reads the reply on its way.
-type probe struct{ sent, read time.Time }
+// delay after that. It also keeps the start's member (the call's argument) and the
+// delay, so that the parent can find the start's TAT in Redis. Wait itself does not
+// tell; the hook reads the call and its reply on their way.
+type probe struct {
+	sent, read time.Time
+	member     string
+	delay      int64 // µs
+}
 
 type probeKey struct{}
 
@@ -276,6 +287,13 @@ func (probeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if res, err := c.Int64Slice(); err == nil && len(res) == 4 && res[0] == 1 {
 				delay := time.Duration(res[1]) * time.Microsecond
 				pr.sent, pr.read = sent.Add(delay), read.Add(delay)
+				pr.delay = res[1]
+				// FCALL or EVALSHA <name> <numkeys> <keys...> <member> ...
+				if args := c.Args(); len(args) > 3 {
+					if nk, ok := args[2].(int); ok && len(args) > 3+nk {
+						pr.member, _ = args[3+nk].(string)
+					}
+				}
 			}
 		}
 		return err
@@ -341,6 +359,13 @@ type start struct {
 	// in [Begin-U, Begin] and the limiter set it for a moment in
 	// [Begin-U-LateLo, Begin-LateHi], referee µs.
 	U, LateLo, LateHi int64
+	// S is the moment the limiter set for the start, exactly, in µs of the rate
+	// server's clock: its TAT in the key's sorted set less the limit's tau (see
+	// ratelimit/layout.go); Delay is the delay it answered, so S - Delay is when it
+	// decided. HasS is false without a probe (the broken control) or when the
+	// start's member was not found.
+	S, Delay int64
+	HasS     bool
 }
 
 // clockGrain widens every span by the resolution of the clocks it is read from
@@ -351,8 +376,13 @@ const clockGrain = 2
 // began is the span in which s began.
 func (s start) began() span { return span{s.Begin - s.U - clockGrain, s.Begin + clockGrain} }
 
-// set is the span of the moment the limiter set for s.
+// set is the span of the moment the limiter set for s: exactly S (on the rate
+// server's clock) when known, else bounded from the worker's measures (on the
+// referee's). All the starts of a key have S, or none.
 func (s start) set() span {
+	if s.HasS {
+		return span{s.S, s.S}
+	}
 	return span{s.Begin - s.U - s.LateLo - clockGrain, s.Begin - s.LateHi + clockGrain}
 }
 
@@ -405,6 +435,22 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 			t.Fatalf("referee: go: %v", err)
 		}
 	}
+	// The rate Redis forgets a start 10 to 20 seconds after its TAT; snapshots
+	// every Per of the run keep every TAT for the checkers.
+	tats := map[string]int64{}
+	snapDone := make(chan struct{})
+	snapStop := make(chan struct{})
+	go func() {
+		defer close(snapDone)
+		for range int(lifetime/time.Second) + 1 {
+			f.snapshot(cfg.Keys, tats)
+			select {
+			case <-snapStop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
 	if cfg.During != nil {
 		cfg.During(goAt)
 	}
@@ -429,6 +475,9 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 		}
 		res.Reports = append(res.Reports, rep)
 	}
+	close(snapStop)
+	<-snapDone
+	f.snapshot(cfg.Keys, tats)
 	type at struct {
 		worker int
 		begin  int64
@@ -446,7 +495,13 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 			if !ok {
 				t.Fatalf("%s: the referee recorded a start at %d µs that worker %d did not report", ks.Name, s.Begin, s.Worker)
 			}
-			res.Starts[ks.Name][i].U, res.Starts[ks.Name][i].LateLo, res.Starts[ks.Name][i].LateHi = rc.U, rc.LateLo, rc.LateHi
+			st := &res.Starts[ks.Name][i]
+			st.U, st.LateLo, st.LateHi, st.Delay = rc.U, rc.LateLo, rc.LateHi, rc.Delay
+			if score, ok := tats[rc.Member]; ok && rc.Member != "" {
+				st.S, st.HasS = score-tau(ks.Limit), true
+			} else if rc.Member != "" {
+				t.Fatalf("%s: the TAT of worker %d's start at %d µs (member %q) was not kept", ks.Name, s.Worker, s.Begin, rc.Member)
+			}
 		}
 		seen := 0
 		for _, rep := range res.Reports {
@@ -457,6 +512,30 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 		}
 	}
 	return res
+}
+
+// snapshot adds the members and scores (TATs) of keys' sorted sets in the rate
+// Redis to tats. It runs beside the test goroutine, so it reports nothing: a member
+// it missed fails the test when the starts are matched.
+func (f *fleet) snapshot(keys []keySpec, tats map[string]int64) {
+	for _, ks := range keys {
+		zs, err := f.RateRDB.ZRangeWithScores(context.Background(), rateRedisKey(ks.Name), 0, -1).Result()
+		if err != nil {
+			continue
+		}
+		for _, z := range zs {
+			if m, ok := z.Member.(string); ok {
+				tats[m] = int64(z.Score)
+			}
+		}
+	}
+}
+
+// tau is lim's tau in µs as package ratelimit computes it (limit.go): burst times
+// the interval, rounded up to a whole µs.
+func tau(lim ratelimit.Limit) int64 {
+	us, n := micros(lim.Per), int64(lim.N)
+	return int64(max(lim.Burst, 1)) * ((us + n - 1) / n)
 }
 
 // recorded reads starts:<key> from the referee, sorted by begin time.

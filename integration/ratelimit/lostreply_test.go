@@ -225,8 +225,11 @@ func TestLostReplies(t *testing.T) {
 	if most > setBound(lim) {
 		t.Errorf("phantom allowance: the callers were given %d moments in the window of %v from %d µs", most, lim.Per, at)
 	}
-	if len(set) < int(minShare*float64(lim.N)*float64(run)/float64(lim.Per)) {
-		t.Errorf("%d starts in %v, below %.0f%% of %v", len(set), run, 100*minShare, lim)
+	// Lost replies cost the callers go-redis's retry backoff, so this run's
+	// throughput says nothing of the limiter; it must only have taken enough
+	// starts to fill windows.
+	if len(set) < lim.N {
+		t.Errorf("%d starts in %v, fewer than the %d of one window: the run tested nothing", len(set), run, lim.N)
 	}
 }
 

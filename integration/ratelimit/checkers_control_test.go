@@ -52,7 +52,7 @@ func TestCheckersTripOnSyntheticHistories(t *testing.T) {
 		late := at(perfect)
 		for _, i := range []int{100, 101} {
 			late[i].Begin += micros(iv) - 1
-			late[i].LateLo, late[i].LateHi = micros(iv)-1, micros(iv)-1
+			late[i].LateLo, late[i].LateHi, late[i].LateUp = micros(iv)-1, micros(iv)-1, micros(iv)-1
 		}
 		check("late below an interval", late, 50, 51, 51, false)
 
@@ -78,13 +78,14 @@ func TestCheckersTripOnSyntheticHistories(t *testing.T) {
 			stalledWorker[i].Begin = t0 + 3*micros(iv) - 3 + int64(i)
 			stalledWorker[i].LateHi = stalledWorker[i].Begin - (t0 + int64(i)*micros(iv))
 			stalledWorker[i].LateLo = stalledWorker[i].LateHi
+			stalledWorker[i].LateUp = stalledWorker[i].LateHi
 		}
 		check("a stalled worker", stalledWorker, 50, 53, 53, false)
 
 		// The same begins, none of them late (the set moments unknown, LateLo wide):
 		// N+3 begun that no lateness explains.
 		for i := range 3 {
-			stalledWorker[i].LateHi = 0
+			stalledWorker[i].LateHi, stalledWorker[i].LateUp = 0, micros(iv)-1
 		}
 		check("bunched begins, none late", stalledWorker, 50, 53, 53, true)
 

@@ -81,9 +81,11 @@ func spans(starts []start, f func(start) span) []span {
 // full window begins late by d while the start N later begins on time, they are
 // Per-d apart and a window of Per holds N+1. The one start more covers any lateness
 // below an interval (Per/N: 20ms at 50/s). A process stalled for longer (a loaded
-// machine) can bunch more, which no limiter can prevent once it has answered; the
-// workers measure each start's lateness, so a window beyond beginBound is blamed on
-// the limiter only when no start in it was late by an interval or more.
+// machine) can bunch more, which no limiter can prevent once it has answered: N+2
+// in a window needs a start late by more than an interval. Each start's lateness
+// is measured (its begin less the exact moment set, both servers reading one clock;
+// see start.LateUp), so a window beyond beginBound is blamed on the limiter only
+// when no start in it can have been late by an interval.
 //
 // Either way the referee's own delay (it reads its clock when the record reaches
 // it) is measured and taken out, not allowed for: a referee stalled for longer than
@@ -98,11 +100,11 @@ func beginBound(lim ratelimit.Limit) int { return lim.N + max(lim.Burst, 1) }
 type windowVerdict struct {
 	Set, Began, Recorded int
 	BeganAt              int64
-	Late                 time.Duration // the most any start of the fullest begun window was late
+	Late                 time.Duration // the most any start of the fullest begun window can have been late
 }
 
 func (v windowVerdict) String(lim ratelimit.Limit) string {
-	return fmt.Sprintf("%d set (bound %d), %d begun (bound %d; the latest of them %v late), %d recorded",
+	return fmt.Sprintf("%d set (bound %d), %d begun (bound %d; the latest of them up to %v late), %d recorded",
 		v.Set, setBound(lim), v.Began, beginBound(lim), v.Late.Round(100*time.Microsecond), v.Recorded)
 }
 
@@ -117,7 +119,7 @@ func checkWindows(starts []start, lim ratelimit.Limit) (windowVerdict, error) {
 	v.Recorded, _ = certainInWindow(spans(starts, func(s start) span { return span{s.Begin, s.Begin} }), per)
 	for _, s := range starts {
 		if s.Begin-s.U >= v.BeganAt && s.Begin < v.BeganAt+per {
-			v.Late = max(v.Late, time.Duration(s.LateHi)*time.Microsecond)
+			v.Late = max(v.Late, time.Duration(s.LateUp)*time.Microsecond)
 		}
 	}
 	switch {
@@ -139,7 +141,7 @@ func describeWindow(starts []start, per time.Duration) string {
 	for _, s := range starts {
 		if s.Begin >= at && s.Begin <= at+micros(per)+micros(per)/10 {
 			fmt.Fprintf(&b, " +%.1fms(w%d U %.1fms late %.1f-%.1fms)", float64(s.Begin-at)/1000, s.Worker,
-				float64(s.U)/1000, float64(s.LateHi)/1000, float64(s.LateLo)/1000)
+				float64(s.U)/1000, float64(s.LateHi)/1000, float64(s.LateUp)/1000)
 		}
 	}
 	return b.String()

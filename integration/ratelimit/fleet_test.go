@@ -357,8 +357,13 @@ type start struct {
 	Worker      int
 	// U, LateLo and LateHi come from the worker's report (record): the start began
 	// in [Begin-U, Begin] and the limiter set it for a moment in
-	// [Begin-U-LateLo, Begin-LateHi], referee µs.
+	// [Begin-U-LateLo, Begin-LateHi], referee µs. Where S is known, LateHi is at
+	// least Begin-U-S less the clocks' difference (see oneClock).
 	U, LateLo, LateHi int64
+	// LateUp bounds from above how late the start began after the moment set:
+	// LateLo, or Begin-S plus the clocks' difference where S is known and that is
+	// less. LateHi is the bound from below.
+	LateUp int64
 	// S is the moment the limiter set for the start, exactly, in µs of the rate
 	// server's clock: its TAT in the key's sorted set less the limit's tau (see
 	// ratelimit/layout.go); Delay is the delay it answered, so S - Delay is when it
@@ -478,6 +483,7 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 	close(snapStop)
 	<-snapDone
 	f.snapshot(cfg.Keys, tats)
+	eps := f.oneClock(t)
 	type at struct {
 		worker int
 		begin  int64
@@ -497,8 +503,13 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 			}
 			st := &res.Starts[ks.Name][i]
 			st.U, st.LateLo, st.LateHi, st.Delay = rc.U, rc.LateLo, rc.LateHi, rc.Delay
+			st.LateUp = rc.LateLo
 			if score, ok := tats[rc.Member]; ok && rc.Member != "" {
 				st.S, st.HasS = score-tau(ks.Limit), true
+				// The start began at Begin-U or later, on the one clock of both
+				// servers: at least that long after the moment set.
+				st.LateHi = max(st.LateHi, st.Begin-st.U-st.S-eps)
+				st.LateUp = min(st.LateUp, st.Begin-st.S+eps)
 			} else if rc.Member != "" {
 				t.Fatalf("%s: the TAT of worker %d's start at %d µs (member %q) was not kept", ks.Name, s.Worker, s.Begin, rc.Member)
 			}
@@ -529,6 +540,31 @@ func (f *fleet) snapshot(keys []keySpec, tats map[string]int64) {
 			}
 		}
 	}
+}
+
+// oneClock checks that the referee and the rate Redis read one clock, as two
+// redis-servers on one machine do (TIME is the system's clock): the rate server's
+// TIME, read between two of the referee's, falls between them. It returns how far
+// the two may differ: the referee's reads' distance, and a grain each side.
+func (f *fleet) oneClock(t *testing.T) int64 {
+	t.Helper()
+	ctx := context.Background()
+	t1, err := refNow(ctx, f.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := refNow(ctx, f.RateRDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t2, err := refNow(ctx, f.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r < t1-clockGrain || r > t2+clockGrain {
+		t.Fatalf("the rate Redis read %d µs between the referee's %d and %d: not one clock", r, t1, t2)
+	}
+	return t2 - t1 + 2*clockGrain
 }
 
 // tau is lim's tau in µs as package ratelimit computes it (limit.go): burst times

@@ -445,6 +445,8 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 	tats := map[string]int64{}
 	snapDone := make(chan struct{})
 	snapStop := make(chan struct{})
+	stopSnapshots := sync.OnceFunc(func() { close(snapStop); <-snapDone })
+	t.Cleanup(stopSnapshots) // a test that fails mid-run leaves no goroutine behind
 	go func() {
 		defer close(snapDone)
 		for range int(lifetime/time.Second) + 1 {
@@ -480,8 +482,7 @@ func (f *fleet) run(t *testing.T, cfg fleetConfig) fleetResult {
 		}
 		res.Reports = append(res.Reports, rep)
 	}
-	close(snapStop)
-	<-snapDone
+	stopSnapshots()
 	f.snapshot(cfg.Keys, tats)
 	eps := f.oneClock(t)
 	type at struct {

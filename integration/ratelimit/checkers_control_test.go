@@ -168,21 +168,21 @@ func TestCheckersTripOnSyntheticHistories(t *testing.T) {
 	t.Run("pause", func(t *testing.T) {
 		p := pauseRecord{Before: t0 + 1000, After: t0 + 2000, D: 20 * iv}
 		ok := []start{
-			{Begin: t0 + 500, Call: t0},          // before the pause
-			{Begin: t0 + 2500, Call: t0 + 100},   // reserved before it, begins inside
-			{Begin: p.end(), Call: t0 + 3000},    // called during it, begins at its end
-			{Begin: p.end() + 1, Call: t0 + 100}, // after it
+			{Begin: t0 + 500, Call: t0, S: t0 + 400, HasS: true},             // before the pause
+			{Begin: t0 + 2500, Call: t0 + 100, S: t0 + 900, HasS: true},      // set before it, its Wait returned late
+			{Begin: p.end(), Call: t0 + 3000, S: p.end(), HasS: true},        // called during it, begins at its end
+			{Begin: p.end() + 1, Call: t0 + 100, S: p.end() + 1, HasS: true}, // reserved before it, taken again after it
 		}
-		if v, err := checkPause(ok, p, 1); err != nil {
+		if v, err := checkPause(ok, p); err != nil {
 			t.Errorf("allowed starts: %+v, %v", v, err)
 		}
 		late := append(ok, start{Begin: p.end() - 1, Call: p.After + 1})
-		if v, err := checkPause(late, p, 4); err == nil || len(v.Late) != 1 {
+		if v, err := checkPause(late, p); err == nil || len(v.Late) != 1 {
 			t.Errorf("a start called in the pause and begun in it: %+v, %v; want one late start", v, err)
 		}
-		many := append(ok, start{Begin: t0 + 2600, Call: t0 + 100}, start{Begin: t0 + 2700, Call: t0 + 200})
-		if v, err := checkPause(many, p, 2); err == nil || len(v.Inside) != 3 {
-			t.Errorf("3 reserved starts inside the pause with 2 loops: %+v, %v; want an error", v, err)
+		set := append(ok, start{Begin: t0 + 2600, Call: t0 + 100, S: t0 + 2550, HasS: true})
+		if v, err := checkPause(set, p); err == nil || len(v.Set) != 1 {
+			t.Errorf("a start reserved before the pause and set inside it: %+v, %v; want an error", v, err)
 		}
 	})
 }

@@ -172,15 +172,20 @@ type pauseVerdict struct {
 	// Late: starts whose Wait was called after the pause had begun (Call > After) and
 	// that began before it could have ended. Each is a violation.
 	Late []start
-	// Inside: every start that began inside the pause (after After, before end).
+	// Set: starts the limiter set for a moment inside the pause (S after After,
+	// before end), whenever their Wait was called. Each is a violation: a start taken
+	// before the pause and due inside it must be given back when it is due and taken
+	// again after the pause (ratelimit.Limiter.Take confirms it).
+	Set []start
+	// Inside: every start that began inside the pause (after After, before end): a
+	// start set before the pause began whose Wait returned late, or a violation above.
 	Inside []start
 }
 
-// checkPause looks at a key's starts (with Call recorded) around pause p. A Wait
-// called after the Pause returned must not begin before the pause ends. Starts taken
-// before the pause (a Wait already sleeping until its slot) are counted in Inside:
-// each Wait loop holds at most one such start, so loops bounds len(Inside).
-func checkPause(starts []start, p pauseRecord, loops int) (pauseVerdict, error) {
+// checkPause looks at a key's starts (with Call recorded, and S where known)
+// around pause p. A Wait called after the Pause returned must not begin before the
+// pause ends, and no start may be set for a moment inside the pause.
+func checkPause(starts []start, p pauseRecord) (pauseVerdict, error) {
 	var v pauseVerdict
 	for _, s := range starts {
 		if s.Begin > p.After && s.Begin < p.end() {
@@ -189,14 +194,19 @@ func checkPause(starts []start, p pauseRecord, loops int) (pauseVerdict, error) 
 		if s.Call > p.After && s.Begin < p.end() {
 			v.Late = append(v.Late, s)
 		}
+		if s.HasS && s.S > p.After && s.S < p.end() {
+			v.Set = append(v.Set, s)
+		}
 	}
 	switch {
 	case len(v.Late) > 0:
 		s := v.Late[0]
 		return v, fmt.Errorf("%d starts called after the pause began before it ended; the first called %d µs after the pause returned, began %d µs before its end",
 			len(v.Late), s.Call-p.After, p.end()-s.Begin)
-	case len(v.Inside) > loops:
-		return v, fmt.Errorf("%d starts began inside the pause, more than the %d Wait loops could have reserved before it", len(v.Inside), loops)
+	case len(v.Set) > 0:
+		s := v.Set[0]
+		return v, fmt.Errorf("%d starts set for a moment inside the pause; the first %d µs after the pause returned, called %d µs before it",
+			len(v.Set), s.S-p.After, p.After-s.Call)
 	}
 	return v, nil
 }

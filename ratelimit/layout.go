@@ -17,13 +17,18 @@ import (
 // A limited key is one sorted set, prefix + "rate:{" + rediskey.Encode(key) + "}",
 // whose members are:
 //   - a start taken: its member is "<identity> <interval µs> <burst>", the call's
-//     random identity and the limit it was taken under; its score is the key's
+//     random identity and the limit it was taken under; its score is minus the key's
 //     theoretical arrival time (GCRA's TAT) after it, in microseconds of server time.
-//     Scores rise with every start, so the highest is the key's TAT, and a call sent
-//     again finds its own member. A start is kept keepMicros after its TAT has passed.
-//   - pauseMember, whose score is the end of a pause, in microseconds of server time.
+//     TATs rise with every start, so the lowest score is minus the key's TAT, and a
+//     call sent again finds its own member. A start is kept keepMicros after its TAT
+//     has passed.
+//   - pauseMember, whose score is minus the TAT a pause leaves the key with, in
+//     microseconds of server time.
 //
-// The set expires keepMicros after its last start's TAT or its pause's end.
+// Scores are negated so that the latest start is the set's first entry: Redis keeps a
+// small sorted set as a listpack, in order, which ZADD scans from its head for the
+// place of a new entry, and ZRANGE 0 0 reads the head. The set expires keepMicros
+// after its last start's TAT or its pause's end.
 const (
 	// DefaultPrefix is the prefix of every Redis key a Limiter uses unless the
 	// Prefix option says otherwise. It is the lock's (mutex.DefaultPrefix): a rate

@@ -34,3 +34,12 @@ local function forget(key, t, tat, old)
   end
   redis.call('PEXPIREAT', key, int((epoch(tat) + 2) * KEEP / 1000))
 end
+
+-- again is take's answer to a call sent again after a lost reply, whose first run
+-- took the start whose score is score (take.lua's reply; t, tat, interval, tau and
+-- paused are take's). It is defined here, once, rather than as a closure in take,
+-- which every call would make anew.
+local function again(score, t, tat, interval, tau, paused)
+  local at = -score - tau
+  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
+end

@@ -29,24 +29,17 @@ if top[1] == PAUSE then
   paused = math.max(last - tau + interval - t, 0)
 end
 
--- again answers a call sent again after a lost reply, whose first run took the
--- start whose score is score.
-local function again(score)
-  local at = -score - tau
-  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
-end
-
 local new = tat + interval
 local delay = new - tau - t
 if delay > window then
   local score = redis.call('ZSCORE', key, m)
   if score then
-    return again(score)
+    return again(score, t, tat, interval, tau, paused)
   end
   return {0, delay, 0, paused}
 end
 if redis.call('ZADD', key, 'NX', int(-new), m) == 0 then
-  return again(redis.call('ZSCORE', key, m))
+  return again(redis.call('ZSCORE', key, m), t, tat, interval, tau, paused)
 end
 if epoch(new) ~= epoch(last) then
   forget(key, t, new, last)

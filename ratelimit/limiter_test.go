@@ -341,6 +341,9 @@ func TestMemberRoundTrip(t *testing.T) {
 	if !ok || iv != 333334*time.Microsecond || b != 7 {
 		t.Errorf("memberLimit(member(%v)) = %v, %d, %v; want 333.334ms, 7, true", lim, iv, b, ok)
 	}
+	if id := strings.Fields(member(newID(), lim))[0]; len(id) != idChars {
+		t.Errorf("member's identity %q has %d characters, want %d", id, len(id), idChars)
+	}
 	if _, _, ok := memberLimit(pauseMember); ok {
 		t.Errorf("memberLimit(%q) ok", pauseMember)
 	}

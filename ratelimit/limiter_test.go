@@ -312,7 +312,7 @@ func TestInspectAndList(t *testing.T) {
 }
 
 // A key expires once its starts and its pause are forgotten: between 10 and 30
-// seconds after its highest score, never before.
+// seconds after its TAT, never before.
 func TestKeyExpires(t *testing.T) {
 	t.Parallel()
 	rdb := sharedServer(t)

@@ -19,9 +19,9 @@ import (
 )
 
 // Rate limits (issue 18): a decision of ratelimit.Limiter.Allow against
-// go-redis/redis_rate's Allow and a fixed-window floor, one goroutine each, in turn,
-// forwards then backwards. A turn is a fixed number of decisions (bounded by -d in
-// time too), so that every contender makes as many on keys in the same state.
+// go-redis/redis_rate's Allow and a fixed-window floor, one goroutine each, a turn
+// each in every cycle (runRate). A turn is a fixed number of decisions (bounded by -d
+// in time too), so that every contender makes as many on keys in the same state.
 func init() {
 	for _, rc := range rateCases {
 		scenarios = append(scenarios, scenario{

@@ -7,6 +7,7 @@ replace github.com/asynqmutex/asynqmutex => ../
 require (
 	github.com/asynqmutex/asynqmutex v0.0.0-00010101000000-000000000000
 	github.com/bsm/redislock v0.9.4
+	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/go-redsync/redsync/v4 v4.15.0
 	github.com/hibiken/asynq v0.26.0
 	github.com/redis/go-redis/v9 v9.17.2

@@ -42,6 +42,8 @@ func main() {
 	flag.IntVar(&o.tasks, "tasks", 5000, "no-op tasks per asynq batch on distinct keys; one batch per contender, twice per run")
 	flag.StringVar(&o.only, "only", "", "run only the scenarios whose name contains this")
 	flag.BoolVar(&o.verbose, "v", false, "print every run's figures to stderr")
+	flag.IntVar(&o.callgrind, "callgrind", 0, "with -only naming one rate scenario exactly and -contender: the pid of the valgrind --tool=callgrind running the REDIS_ADDR server; one measured turn (see rate.go's probeRate and callgrind.sh)")
+	flag.StringVar(&o.contender, "contender", "", "the contender of -callgrind: asynqmutex, redis_rate or \"INCR floor\"")
 	flag.Parse()
 	if o.d < 100*time.Millisecond || o.runs < 1 || o.round < 10 || o.tasks < 100 {
 		fmt.Fprintln(os.Stderr, "bench: want -d ≥ 100ms, -runs ≥ 1, -round ≥ 10, -tasks ≥ 100")
@@ -61,6 +63,9 @@ type options struct {
 	tasks   int
 	only    string
 	verbose bool
+
+	callgrind int
+	contender string
 }
 
 func run(out io.Writer, o options) error {
@@ -80,6 +85,10 @@ func run(out io.Writer, o options) error {
 	version, err := serverVersion(ctx, e.stats)
 	if err != nil {
 		return fmt.Errorf("redis at %s: %w", addr, err)
+	}
+
+	if o.callgrind != 0 {
+		return probeRate(ctx, e, o.only, o.contender, o.callgrind)
 	}
 
 	var todo []scenario
@@ -118,7 +127,7 @@ func run(out io.Writer, o options) error {
 
 	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
 		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
-	for _, g := range []*group{lockGroup, asynqGroup, hookGroup, semGroup, keysGroup, functionsGroup} {
+	for _, g := range []*group{lockGroup, asynqGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup} {
 		printGroup(out, g, todo, results)
 	}
 	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")

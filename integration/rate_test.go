@@ -159,8 +159,9 @@ func TestRateTenants(t *testing.T) {
 	}
 }
 
-// rateSchedule is the starts the rate key of key holds, as times: each score is a
-// start's TAT, its time plus one interval, in microseconds of the server's clock.
+// rateSchedule is the starts the rate key of key holds, as times, earliest first:
+// each score is minus a start's TAT, its time plus one interval, in microseconds of
+// the server's clock (ratelimit/layout.go).
 func rateSchedule(t *testing.T, e *env, key string) []time.Time {
 	t.Helper()
 	zs, err := e.rdb.ZRangeWithScores(context.Background(), "asynqmutex:rate:{"+rediskey.Encode(key)+"}", 0, -1).Result()
@@ -170,9 +171,10 @@ func rateSchedule(t *testing.T, e *env, key string) []time.Time {
 	var at []time.Time
 	for _, z := range zs {
 		if z.Member != "~pause" {
-			at = append(at, time.UnixMicro(int64(z.Score)))
+			at = append(at, time.UnixMicro(-int64(z.Score)))
 		}
 	}
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
 	return at
 }
 

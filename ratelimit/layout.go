@@ -17,13 +17,18 @@ import (
 // A limited key is one sorted set, prefix + "rate:{" + rediskey.Encode(key) + "}",
 // whose members are:
 //   - a start taken: its member is "<identity> <interval µs> <burst>", the call's
-//     random identity and the limit it was taken under; its score is the key's
-//     theoretical arrival time (GCRA's TAT) after it, in microseconds of server time.
-//     Scores rise with every start, so the highest is the key's TAT, and a call sent
-//     again finds its own member. A start is kept keepMicros after its TAT has passed.
-//   - pauseMember, whose score is the end of a pause, in microseconds of server time.
+//     random identity (its first idChars characters) and the limit it was taken
+//     under; its score is minus the key's theoretical arrival time (GCRA's TAT)
+//     after it, in microseconds of server time. TATs rise with every start, so the
+//     lowest score is minus the key's TAT, and a call sent again finds its own
+//     member. A start is kept keepMicros after its TAT has passed.
+//   - pauseMember, whose score is minus the TAT a pause leaves the key with, in
+//     microseconds of server time.
 //
-// The set expires keepMicros after its last start's TAT or its pause's end.
+// Scores are negated so that the latest start is the set's first entry: Redis keeps a
+// small sorted set as a listpack, in order, which ZADD scans from its head for the
+// place of a new entry, and ZRANGE 0 0 reads the head. The set expires keepMicros
+// after its last start's TAT or its pause's end.
 const (
 	// DefaultPrefix is the prefix of every Redis key a Limiter uses unless the
 	// Prefix option says otherwise. It is the lock's (mutex.DefaultPrefix): a rate
@@ -48,8 +53,19 @@ func keyOf(prefix, rkey string) (key string, digested bool) {
 	return rediskey.Decode(strings.TrimSuffix(strings.TrimPrefix(rkey, prefix+rateInfix+"{"), "}"))
 }
 
+// idChars is how much of a call's identity its member keeps: 11 base64 characters,
+// 66 random bits. A member only tells apart the starts one key remembers (those of
+// its last 10 to 20 seconds): the chance that two of 100,000 share one is under
+// 10^-10, and if they do, the second is taken for a resend of the first, one start
+// let through uncounted. A shorter member is cheaper for Redis to hash, copy and
+// compare on every decision, and smaller to keep.
+const idChars = 11
+
 // member is the member of a start taken by the call with identity id under lim.
 func member(id string, lim Limit) string {
+	if len(id) > idChars {
+		id = id[:idChars]
+	}
 	return id + " " + strconv.FormatInt(lim.interval(), 10) + " " + strconv.FormatInt(lim.burst(), 10)
 }
 

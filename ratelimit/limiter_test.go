@@ -315,7 +315,7 @@ func TestInspectAndList(t *testing.T) {
 }
 
 // A key expires once its starts and its pause are forgotten: between 10 and 30
-// seconds after its highest score, never before.
+// seconds after its TAT, never before.
 func TestKeyExpires(t *testing.T) {
 	t.Parallel()
 	rdb := sharedServer(t)
@@ -343,6 +343,9 @@ func TestMemberRoundTrip(t *testing.T) {
 	iv, b, ok := memberLimit(member(newID(), lim))
 	if !ok || iv != 333334*time.Microsecond || b != 7 {
 		t.Errorf("memberLimit(member(%v)) = %v, %d, %v; want 333.334ms, 7, true", lim, iv, b, ok)
+	}
+	if id := strings.Fields(member(newID(), lim))[0]; len(id) != idChars {
+		t.Errorf("member's identity %q has %d characters, want %d", id, len(id), idChars)
 	}
 	if _, _, ok := memberLimit(pauseMember); ok {
 		t.Errorf("memberLimit(%q) ok", pauseMember)
@@ -386,5 +389,68 @@ func TestTakeHeldBackByPauseWhileWaiting(t *testing.T) {
 	}
 	if got.r.Delay < pause-lim.Per/time.Duration(2*lim.N) { // less the calls, well under half an interval
 		t.Errorf("Take's Delay = %v, want the time it slept, past the pause", got.r.Delay)
+	}
+}
+
+// The layout (layout.go): the latest start is the set's first entry, and the scores
+// are minus the TATs, a start's TAT the interval after the one before it.
+func TestLayoutLatestFirst(t *testing.T) {
+	t.Parallel()
+	rdb := sharedServer(t)
+	l, ctx, key := New(rdb), context.Background(), uniqueKey(t)
+	lim := PerSecond(10)
+	var taken []Result
+	for range 3 {
+		r, err := l.Reserve(ctx, key, lim, time.Second)
+		if err != nil || !r.Allowed {
+			t.Fatalf("Reserve = %+v, %v", r, err)
+		}
+		taken = append(taken, r)
+	}
+	zs, err := rdb.ZRangeWithScores(ctx, redisKey(DefaultPrefix, key), 0, -1).Result()
+	if err != nil || len(zs) != 3 {
+		t.Fatalf("ZRANGE = %v, %v; want 3 starts", zs, err)
+	}
+	for i, z := range zs {
+		if want := taken[2-i].member; z.Member != want {
+			t.Errorf("entry %d = %q, want start %d's member %q", i, z.Member, 3-i, want)
+		}
+		if i > 0 {
+			if d := z.Score - zs[i-1].Score; d != float64(lim.interval()) {
+				t.Errorf("score %d - score %d = %v, want the interval, %d: scores are minus the TATs", i, i-1, d, lim.interval())
+			}
+		}
+	}
+	if zs[0].Score >= 0 {
+		t.Errorf("the latest start's score = %v, want minus its TAT", zs[0].Score)
+	}
+}
+
+// Starts whose TAT is over 10 s old are forgotten once the key's TAT enters a new
+// epoch, and the key is then set to expire 10 to 30 s after its TAT. A trim in the
+// wrong direction (the scores are negated) would drop the new start instead.
+func TestForgetsOldStarts(t *testing.T) {
+	t.Parallel()
+	rdb := sharedServer(t)
+	l, ctx, key := New(rdb), context.Background(), uniqueKey(t)
+	rkey := redisKey(DefaultPrefix, key)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := now.Add(-25*time.Second).UnixMicro() + PerSecond(1).interval()
+	stale := member("stale", PerSecond(1))
+	if err := rdb.ZAdd(ctx, rkey, redis.Z{Score: -float64(old), Member: stale}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.Allow(ctx, key, PerSecond(1))
+	if err != nil || !r.Allowed {
+		t.Fatalf("Allow = %+v, %v; want allowed: the only start is 25 s old", r, err)
+	}
+	if ms, err := rdb.ZRange(ctx, rkey, 0, -1).Result(); err != nil || len(ms) != 1 || ms[0] != r.member {
+		t.Errorf("members = %q, %v; want the new start's alone, %q", ms, err, r.member)
+	}
+	if ttl := rdb.PTTL(ctx, rkey).Val(); ttl < 10*time.Second || ttl > 31*time.Second {
+		t.Errorf("PTTL = %v, want 10-31 s: the epoch after next of a TAT 1 s away", ttl)
 	}
 }

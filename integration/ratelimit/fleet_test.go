@@ -537,7 +537,7 @@ func (f *fleet) snapshot(keys []keySpec, tats map[string]int64) {
 		}
 		for _, z := range zs {
 			if m, ok := z.Member.(string); ok {
-				tats[m] = int64(z.Score)
+				tats[m] = -int64(z.Score) // scores are minus the TATs
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package ratelimit_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,9 +245,10 @@ func keyTATs(t *testing.T, rdb *redis.Client, key string) []int64 {
 	var out []int64
 	for _, z := range zs {
 		if m, _ := z.Member.(string); m != "~pause" {
-			out = append(out, int64(z.Score))
+			out = append(out, -int64(z.Score)) // scores are minus the TATs
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 

@@ -1,11 +1,14 @@
 -- common.lua: what every script of this package starts with, after luaLayout
--- (layout.go). Times are microseconds of the server's clock; scores are integers
--- written with '%d', so that none is written in a float's exponent form.
+-- (layout.go). Times are microseconds of the server's clock. A score is minus a
+-- time (layout.go), written with '%d' so that none is written in a float's exponent
+-- form. Strings from Redis are turned into numbers by arithmetic ('x + 0', '-x'),
+-- which parses them once, where tonumber parses them twice; numbers are passed to
+-- redis.call as strings, which Redis would otherwise format as floats.
 
 -- now is the server's time.
 local function now()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2]
 end
 
 local function int(x)
@@ -14,20 +17,29 @@ end
 
 -- The starts of a key are kept KEEP after their TAT, and the key itself expires when
 -- its last start and its pause are forgotten. Rather than trim and expire on every
--- start, a script does both when the key's highest score enters a new epoch (KEEP
--- long): it forgets the starts older than KEEP and sets the key to expire at the end
--- of the epoch after next. So a key always expires after the end of the epoch after
--- its highest score's, which is at least KEEP after that score, and a start is
--- forgotten between KEEP and 2·KEEP after its TAT.
+-- start, a script does both when the key's TAT enters a new epoch (KEEP long): it
+-- forgets the starts older than KEEP and sets the key to expire at the end of the
+-- epoch after next. So a key always expires after the end of the epoch after its
+-- TAT's, which is at least KEEP after that TAT, and a start is forgotten between KEEP
+-- and 2·KEEP after its TAT.
 local function epoch(us)
   return math.floor(us / KEEP)
 end
 
--- forget is called when the highest score of key, top, entered a new epoch; old is
--- the highest score before, 0 if key did not exist.
-local function forget(key, t, top, old)
+-- forget is called when the TAT of key, tat, entered a new epoch; old is the TAT
+-- before, 0 if key did not exist.
+local function forget(key, t, tat, old)
   if old > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. int(t - KEEP))
+    redis.call('ZREMRANGEBYSCORE', key, '(' .. int(KEEP - t), '+inf')
   end
-  redis.call('PEXPIREAT', key, int((epoch(top) + 2) * KEEP / 1000))
+  redis.call('PEXPIREAT', key, int((epoch(tat) + 2) * KEEP / 1000))
+end
+
+-- again is take's answer to a call sent again after a lost reply, whose first run
+-- took the start whose score is score (take.lua's reply; t, tat, interval, tau and
+-- paused are take's). It is defined here, once, rather than as a closure in take,
+-- which every call would make anew.
+local function again(score, t, tat, interval, tau, paused)
+  local at = -score - tau
+  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
 end

@@ -13,7 +13,7 @@ if not p then
   return 0
 end
 local t = now()
-local ends = tonumber(p) - (tonumber(ARGV[3]) - 1) * tonumber(ARGV[2])
+local ends = -p - (ARGV[3] - 1) * ARGV[2]
 if ends <= t then
   return 0
 end

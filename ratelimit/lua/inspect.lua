@@ -2,18 +2,18 @@
 --
 -- KEYS[1] -> the key's sorted set (layout.go)
 --
--- Returns {now, pause, latest, latestScore, starts}: the server's time; the score of
--- the key's pause, 0 without one; the member and score of the latest start ('' and
--- 0 without one); the number of starts remembered (those of the last 10 to 20
--- seconds and those reserved ahead).
+-- Returns {now, pause, latest, latestTAT, starts}: the server's time; the TAT the
+-- key's pause leaves it with, 0 without one; the member and TAT of the latest start
+-- ('' and 0 without one); the number of starts remembered (those of the last 10 to
+-- 20 seconds and those reserved ahead).
 local key = KEYS[1]
 local t = now()
-local pause = tonumber(redis.call('ZSCORE', key, PAUSE)) or 0
-local top = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
-local latest, score = '', 0
-for i = #top - 1, 1, -2 do
+local pause = -(redis.call('ZSCORE', key, PAUSE) or 0)
+local top = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+local latest, tat = '', 0
+for i = 1, #top - 1, 2 do
   if top[i] ~= PAUSE then
-    latest, score = top[i], top[i + 1]
+    latest, tat = top[i], -top[i + 1]
     break
   end
 end
@@ -21,4 +21,4 @@ local n = redis.call('ZCARD', key)
 if pause > 0 then
   n = n - 1
 end
-return {int(t), int(pause), latest, score, n}
+return {int(t), int(pause), latest, int(tat), n}

@@ -11,12 +11,12 @@
 -- held back from now: the pause's, or a later start's.
 local key = KEYS[1]
 local t = now()
-local interval, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
-local hold = t + tonumber(ARGV[1]) + (burst - 1) * interval
-local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-local last = tonumber(top[2]) or 0
+local interval, burst = ARGV[2] + 0, ARGV[3] + 0
+local hold = t + ARGV[1] + (burst - 1) * interval
+local top = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+local last = -(top[2] or 0)
 if hold > last then
-  redis.call('ZADD', key, int(hold), PAUSE)
+  redis.call('ZADD', key, int(-hold), PAUSE)
   forget(key, t, hold, last)
   last = hold
 end

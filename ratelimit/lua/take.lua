@@ -12,27 +12,21 @@
 -- remaining is how many more could begin at once now; paused is the microseconds
 -- left of a pause that holds the key back, 0 without one.
 --
--- The highest score is the key's TAT, a pause's included (see layout.go), so the
--- decision reads one entry. Whether this call ran before is asked only when the
--- answer depends on it: when ZADD NX finds the member there, or before saying no.
+-- The lowest score is minus the key's TAT, a pause's included (see layout.go), so
+-- the decision reads the set's first entry, and a start taken goes first. Whether
+-- this call ran before is asked only when the answer depends on it: when ZADD NX
+-- finds the member there, or before saying no.
 local key, m = KEYS[1], ARGV[1]
-local interval, burst, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local interval, burst, window = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
 local t = now()
 local tau = burst * interval
 
-local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-local last = tonumber(top[2]) or 0
+local top = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+local last = -(top[2] or 0)
 local tat = math.max(last, t)
 local paused = 0
 if top[1] == PAUSE then
   paused = math.max(last - tau + interval - t, 0)
-end
-
--- again answers a call sent again after a lost reply, whose first run took the
--- start whose TAT is score.
-local function again(score)
-  local at = tonumber(score) - tau
-  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
 end
 
 local new = tat + interval
@@ -40,12 +34,12 @@ local delay = new - tau - t
 if delay > window then
   local score = redis.call('ZSCORE', key, m)
   if score then
-    return again(score)
+    return again(score, t, tat, interval, tau, paused)
   end
   return {0, delay, 0, paused}
 end
-if redis.call('ZADD', key, 'NX', int(new), m) == 0 then
-  return again(redis.call('ZSCORE', key, m))
+if redis.call('ZADD', key, 'NX', int(-new), m) == 0 then
+  return again(redis.call('ZSCORE', key, m), t, tat, interval, tau, paused)
 end
 if epoch(new) ~= epoch(last) then
   forget(key, t, new, last)

@@ -14,7 +14,7 @@ import (
 
 // rateACLRules are what a worker needs beyond the lock's worker rules for rate limits;
 // docs/operating.md quotes them.
-const rateACLRules = "+zrange +zadd +zscore +zrem +zremrangebyscore +pexpireat +zcard"
+const rateACLRules = "+zrange +zadd +zscore +zmscore +zrem +zremrangebyscore +pexpireat +zcount"
 
 // TestACLSuffices: a user with the worker rules, the function rules and the rate rules
 // that docs/operating.md gives, and nothing else, takes, waits for, cancels, pauses,

@@ -29,8 +29,9 @@ type State struct {
 	// start's limit (a pause is kept as the TAT it leaves the key with); 0 without
 	// one.
 	Paused time.Duration
-	// Starts is the number of starts remembered: those of the last 10 seconds and
-	// those reserved ahead.
+	// Starts is the number of starts remembered: those of the last 10 to 20
+	// seconds and those reserved ahead (with a mark for each start given back and
+	// each Resume of that time, which the count includes).
 	Starts int
 }
 

@@ -24,6 +24,12 @@ import (
 //     member. A start is kept keepMicros after its TAT has passed.
 //   - pauseMember, whose score is minus the TAT a pause leaves the key with, in
 //     microseconds of server time.
+//   - marks, with positive scores, so that no decision reads them as a TAT:
+//     cancelledPrefix + a start's member, for a start given back (Cancel), and
+//     resumedPrefix + a call's identity + " 0" or " 1", for a Resume and its answer,
+//     each scored with the time it was made, in microseconds, so that a call
+//     go-redis sends again after a lost reply answers as its first run did. A mark
+//     is kept keepMicros, and the next mark forgets the older ones.
 //
 // Scores are negated so that the latest start is the set's first entry: Redis keeps a
 // small sorted set as a listpack, in order, which ZADD scans from its head for the
@@ -35,13 +41,16 @@ const (
 	// key and a lock of one key share a Redis Cluster slot.
 	DefaultPrefix = "asynqmutex:"
 
-	rateInfix   = "rate:"
-	pauseMember = "~pause"
-	keepMicros  = int64(10 * time.Second / time.Microsecond)
+	rateInfix       = "rate:"
+	pauseMember     = "~pause"
+	cancelledPrefix = "~cancelled "
+	resumedPrefix   = "~resumed "
+	keepMicros      = int64(10 * time.Second / time.Microsecond)
 )
 
 // luaLayout defines the layout's constants for the scripts.
-var luaLayout = fmt.Sprintf("local PAUSE = %q\nlocal KEEP = %d\n", pauseMember, keepMicros)
+var luaLayout = fmt.Sprintf("local PAUSE = %q\nlocal CANCELLED = %q\nlocal RESUMED = %q\nlocal KEEP = %d\n",
+	pauseMember, cancelledPrefix, resumedPrefix, keepMicros)
 
 // redisKey is the Redis key of the limit on key under prefix.
 func redisKey(prefix, key string) string {

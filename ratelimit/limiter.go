@@ -187,7 +187,8 @@ func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
 // and leaves the start taken, when another start was taken after it (the spacing of
 // later starts already counts it) or a pause began since, or when r took nothing.
 // Cancel does not check that r's start has not begun: give back only starts that
-// have not. Safe for concurrent use.
+// have not. A Cancel go-redis sends again after a lost reply answers as its first
+// run did. Safe for concurrent use.
 func (l *Limiter) Cancel(ctx context.Context, key string, r Result) (bool, error) {
 	if r.member == "" {
 		return false, nil
@@ -221,10 +222,13 @@ func (l *Limiter) Pause(ctx context.Context, key string, lim Limit, d time.Durat
 	return micros(left), nil
 }
 
-// Resume ends key's pause at once, and reports whether it had one. Starts taken
-// meanwhile keep their times. Safe for concurrent use.
+// Resume ends key's pause at once, and reports whether it had one that still held
+// it back (a pause that ended is stored a little longer, to be forgotten as starts
+// are; with a burst above 1 one that ended within (burst-1) intervals counts as
+// holding). Starts taken meanwhile keep their times. A Resume go-redis sends again
+// after a lost reply answers as its first run did. Safe for concurrent use.
 func (l *Limiter) Resume(ctx context.Context, key string) (bool, error) {
-	n, err := l.run.Run(ctx, resumeScript, []string{redisKey(l.prefix, key)}).Int64()
+	n, err := l.run.Run(ctx, resumeScript, []string{redisKey(l.prefix, key)}, newID()).Int64()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: key %s: resume: %w", show(key), err)
 	}

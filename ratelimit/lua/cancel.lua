@@ -5,9 +5,17 @@
 --
 -- Returns 1 if the start was given back: the key's TAT is then what it was before
 -- the start was taken. Returns 0 if a later start (or a pause ending later) was
--- taken since, which the start's TAT is part of, or the start is not there.
-local top = redis.call('ZRANGE', KEYS[1], '0', '0')
-if top[1] ~= ARGV[1] then
+-- taken since, which the start's TAT is part of, or the start is not there. A start
+-- given back leaves its mark (layout.go), so that the call sent again after a lost
+-- reply answers 1 too.
+local key, m = KEYS[1], ARGV[1]
+local top = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+if top[1] ~= m then
+  if redis.call('ZSCORE', key, CANCELLED .. m) then
+    return 1
+  end
   return 0
 end
-return redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', key, m)
+mark(key, now(), CANCELLED .. m, -top[2])
+return 1

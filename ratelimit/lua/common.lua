@@ -27,10 +27,11 @@ local function epoch(us)
 end
 
 -- forget is called when the TAT of key, tat, entered a new epoch; old is the TAT
--- before, 0 if key did not exist.
+-- before, 0 if key did not exist. It trims starts and the pause (negative scores),
+-- never the marks of cancels and resumes (positive; see forgetMarks).
 local function forget(key, t, tat, old)
   if old > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '(' .. int(KEEP - t), '+inf')
+    redis.call('ZREMRANGEBYSCORE', key, '(' .. int(KEEP - t), '(0')
   end
   redis.call('PEXPIREAT', key, int((epoch(tat) + 2) * KEEP / 1000))
 end
@@ -42,4 +43,16 @@ end
 local function again(score, t, tat, interval, tau, paused)
   local at = -score - tau
   return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
+end
+
+-- mark replaces what a cancel or a resume removed with a mark of the call, scored
+-- with the time now (positive, so never the TAT a decision reads), and forgets the
+-- marks older than KEEP. The key must live KEEP more, for a call sent again to find
+-- the mark: tat is the key's TAT before, which its expiry covers by KEEP.
+local function mark(key, t, name, tat)
+  redis.call('ZREMRANGEBYSCORE', key, '0', '(' .. int(t - KEEP))
+  redis.call('ZADD', key, int(t), name)
+  if epoch(t) > epoch(tat) then
+    redis.call('PEXPIREAT', key, int((epoch(t) + 2) * KEEP / 1000))
+  end
 end

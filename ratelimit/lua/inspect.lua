@@ -12,12 +12,12 @@ local pause = -(redis.call('ZSCORE', key, PAUSE) or 0)
 local top = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
 local latest, tat = '', 0
 for i = 1, #top - 1, 2 do
-  if top[i] ~= PAUSE then
+  if string.sub(top[i], 1, 1) ~= '~' then
     latest, tat = top[i], -top[i + 1]
     break
   end
 end
-local n = redis.call('ZCARD', key)
+local n = redis.call('ZCOUNT', key, '-inf', '(0') -- not the marks
 if pause > 0 then
   n = n - 1
 end

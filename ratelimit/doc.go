@@ -14,12 +14,14 @@
 // Every decision is one script call on the Redis server, timed by the server's clock
 // (no client clock is read), on one Redis key per limited key, so Redis Cluster
 // works. Each call carries a random identity and the start it takes is recorded
-// under it for 10 seconds, so a call that go-redis sends again after a lost reply
-// finds its own start and reports it rather than taking a second one, and never
+// under it for 10 to 20 seconds, so a call that go-redis sends again after a lost
+// reply finds its own start and reports it rather than taking a second one, and never
 // reports "limited" because of its own first run.
 //
-// Most callers want Allow, or Reserve with the longest wait they accept; Wait sleeps
-// until the start it reserved. Pause holds every start of a key for a while (an API
-// answered 429 with Retry-After). Inspect and List show a key's state for people.
-// docs/ratelimit.md has the algorithm and its costs.
+// Most callers want Allow, which answers at once, or Take, which waits up to a
+// given time for the next start (Wait: until the context's deadline); Reserve takes a
+// start ahead for callers that sleep themselves, and Cancel gives one back. Pause
+// holds every start of a key for a while (an API answered 429 with Retry-After), the
+// starts already waiting included; Resume ends it. Inspect and List show a key's
+// state for people. docs/ratelimit.md has the algorithm and its costs.
 package ratelimit

@@ -35,6 +35,7 @@ import (
 // small sorted set as a listpack, in order, which ZADD scans from its head for the
 // place of a new entry, and ZRANGE 0 0 reads the head. The set expires keepMicros
 // after its last start's TAT or its pause's end.
+
 const (
 	// DefaultPrefix is the prefix of every Redis key a Limiter uses unless the
 	// Prefix option says otherwise. It is the lock's (mutex.DefaultPrefix): a rate

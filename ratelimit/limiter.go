@@ -54,12 +54,13 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	return l
 }
 
-// Result is the answer to Allow or Reserve.
+// Result is the answer to Allow, Reserve or Take.
 type Result struct {
 	// Allowed is true when the start was taken: it may begin after Delay.
 	Allowed bool
 	// Delay is, when Allowed, how long from the answer the start must wait before it
-	// begins: 0 from Allow, up to Reserve's maxWait from Reserve. When not Allowed,
+	// begins: 0 from Allow, up to Reserve's maxWait from Reserve; from Take, how long
+	// Take slept for it. When not Allowed,
 	// it is how long until a start could be taken, as far as the starts taken so far
 	// and a pause say: what Reserve's maxWait would have to be, and what a task sent
 	// back should wait.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,9 +22,18 @@ const longEnv = "ASYNQMUTEX_FAILOVER_LONG"
 
 func long() bool { return os.Getenv(longEnv) == "1" }
 
-// count returns def, or full in long mode, and says which in the test output.
+// roundsEnv, set to a number, overrides the rounds per fault of either mode, to
+// repeat one cell (go test -run) without running the long mode's every round.
+const roundsEnv = "ASYNQMUTEX_FAILOVER_ROUNDS"
+
+// count returns def, or full in long mode, or the number in roundsEnv, and says which
+// in the test output.
 func count(t testing.TB, what string, def, full int) int {
 	t.Helper()
+	if n, err := strconv.Atoi(os.Getenv(roundsEnv)); err == nil && n > 0 {
+		t.Logf("%s: %d (%s)", what, n, roundsEnv)
+		return n
+	}
 	if long() {
 		t.Logf("%s: %d (long mode)", what, full)
 		return full
@@ -55,6 +65,8 @@ type roundConfig struct {
 	// Probes reach the deployment as the workers do, with and without the tuned
 	// options, to time how long locking is unavailable.
 	Probes map[string]connSpec
+	// ProbeKeys are the probes' keys; "probe:<name>" by default.
+	ProbeKeys map[string]string
 	// PreFault, if set, runs just before the fault, in the fault-free window (a
 	// nemesis of a positive control).
 	PreFault func(t testing.TB)
@@ -130,7 +142,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		strandedID = cfg.Procs + 1
 		workers = append(workers, startWorker(t, spec(strandedID, connSpec{Kind: "direct", Addrs: []string{cfg.Stranded}})))
 	}
-	probes := startProbes(t, cfg.Probes)
+	probes := startProbes(t, cfg.Probes, cfg.ProbeKeys)
 	demoted := watchRole(cfg.OldMaster)
 
 	// Let every worker take locks for a lease's time before the fault (a fault-free
@@ -145,6 +157,11 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 	faultAt := now()
 	cfg.Fault(t, ctx, &ev)
 	waitFor(t, ctx, "clients are told of the new master", func() (bool, string) { return ev.get(&ev.Switched) != 0, "" })
+	// Run on until every probe took its key again, and then for two leases, in which
+	// holders of the old master's grants and renewals meet the new master's.
+	if !probes.waitOK(ctx, ev.get(&ev.Switched)) {
+		t.Errorf("a probe took no lock within %v of the fault", topoTimeout)
+	}
 	time.Sleep(2 * ttl)
 
 	if err := ref.rdb.Set(context.Background(), stopKey, 1, 0).Err(); err != nil {
@@ -293,6 +310,7 @@ type probes struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	runs   map[string][]probeRun
+	names  map[string]bool
 }
 
 // probeEvery is the pause between two probe runs; probeTimeout bounds one run, well
@@ -303,12 +321,13 @@ const (
 )
 
 // startProbes runs, per named connection, a loop that takes and releases a key of its
-// own until stop.
-func startProbes(t testing.TB, conns map[string]connSpec) *probes {
+// own (keys[name], or "probe:<name>") until stop.
+func startProbes(t testing.TB, conns map[string]connSpec, keys map[string]string) *probes {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &probes{cancel: cancel, runs: map[string][]probeRun{}}
+	p := &probes{cancel: cancel, runs: map[string][]probeRun{}, names: map[string]bool{}}
 	for name, conn := range conns {
+		p.names[name] = true
 		rdb := newRedis(conn)
 		locks := mutex.New(rdb)
 		p.wg.Add(1)
@@ -316,7 +335,10 @@ func startProbes(t testing.TB, conns map[string]connSpec) *probes {
 			defer p.wg.Done()
 			defer rdb.Close()
 			defer locks.Close()
-			key := "probe:" + name
+			key := keys[name]
+			if key == "" {
+				key = "probe:" + name
+			}
 			for ctx.Err() == nil {
 				r := probeRun{Start: now()}
 				pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
@@ -340,6 +362,31 @@ func startProbes(t testing.TB, conns map[string]connSpec) *probes {
 		}()
 	}
 	return p
+}
+
+// waitOK waits until every probe has finished a successful run that started after
+// since, and reports whether they all did before ctx ended.
+func (p *probes) waitOK(ctx context.Context, since int64) bool {
+	for {
+		p.mu.Lock()
+		all := true
+		for name := range p.names {
+			ok := false
+			for _, r := range p.runs[name] {
+				ok = ok || (r.OK && r.Start > since)
+			}
+			all = all && ok
+		}
+		p.mu.Unlock()
+		if all {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 func (p *probes) stop() map[string][]probeRun {
@@ -426,6 +473,9 @@ func span(ds []time.Duration) string {
 			return "never"
 		}
 		return fmt.Sprintf("%.2f", d.Seconds())
+	}
+	if s[len(s)-1] < 0 {
+		return "not within the round"
 	}
 	if f(s[0]) == f(s[len(s)-1]) {
 		return f(s[0]) + " s"

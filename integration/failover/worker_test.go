@@ -15,12 +15,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +40,10 @@ type connSpec struct {
 	Kind       string   // "sentinel", "cluster" or "direct"
 	Addrs      []string // sentinels, cluster seeds, or the one server
 	MasterName string   // sentinel only
-	Tuned      bool     // the client options docs/operating.md recommends (tunedOptions)
+	Tuned      bool     // the shorter timeouts and retries below
+	// ReloadOnError (cluster only) reloads the slot map when a command fails on a
+	// network error (reloadHook).
+	ReloadOnError bool
 }
 
 // The client options the battery compares with go-redis's defaults: dials and
@@ -68,9 +73,53 @@ func newRedis(c connSpec) redis.UniversalClient {
 			o.DialTimeout, o.ReadTimeout, o.WriteTimeout = tunedDial, tunedRead, tunedRead
 			o.MaxRetries, o.MinRetryBackoff, o.MaxRetryBackoff = tunedRetries, 10*time.Millisecond, tunedBackoff
 		}
-		return redis.NewClusterClient(o)
+		c2 := redis.NewClusterClient(o)
+		if c.ReloadOnError {
+			c2.AddHook(&reloadHook{c: c2})
+		}
+		return c2
 	default:
 		return redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
+	}
+}
+
+// reloadHook makes a Cluster client reload its slot map after a command failed on a
+// network error. Without it, go-redis sends a dead master's slots to the dead master
+// until a MOVED reply or its ten-second refresh of the map; a dead server sends no
+// MOVED. Reloads run in the background, at most one at a time.
+type reloadHook struct {
+	c    *redis.ClusterClient
+	last atomic.Int64 // unix nanoseconds of the last reload asked
+}
+
+func (h *reloadHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *reloadHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.check(ctx, err)
+		return err
+	}
+}
+
+func (h *reloadHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.check(ctx, err)
+		return err
+	}
+}
+
+// reloadEvery spaces reloads: a dead node fails every command sent to it.
+const reloadEvery = 100 * time.Millisecond
+
+func (h *reloadHook) check(ctx context.Context, err error) {
+	var ne net.Error
+	if !errors.As(err, &ne) {
+		return
+	}
+	if t, last := time.Now().UnixNano(), h.last.Load(); t-last > int64(reloadEvery) && h.last.CompareAndSwap(last, t) {
+		h.c.ReloadState(ctx)
 	}
 }
 

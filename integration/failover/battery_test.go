@@ -110,6 +110,7 @@ type roundResult struct {
 	Promote         time.Duration            // fault -> a new master named
 	Switch          time.Duration            // fault -> clients told
 	Demote          time.Duration            // fault -> the old master no longer says it is master (-1: still master at the end)
+	Alone           time.Duration            // fault -> the old master's ROLE lists no replica (-1: not seen)
 	Recovery        map[string]time.Duration // per probe: fault -> first grant after the longest gap
 	Outage          map[string]time.Duration // per probe: the longest gap between two grants
 	Elapsed         time.Duration
@@ -172,7 +173,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		attempts = append(attempts, w.wait(t, time.Minute).Attempts...)
 	}
 	probeRuns := probes.stop()
-	demotedAt := demoted()
+	aloneAt, demotedAt := demoted()
 
 	res := roundResult{Tally: ref.tally(t, cfg.Keys), Errors: map[errKind]int{},
 		Recovery: map[string]time.Duration{}, Outage: map[string]time.Duration{}}
@@ -183,7 +184,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		return time.Duration(at - faultAt)
 	}
 	promoted := ev.get(&ev.Promoted)
-	res.Promote, res.Switch, res.Demote = since(promoted), since(ev.get(&ev.Switched)), since(demotedAt)
+	res.Promote, res.Switch, res.Demote, res.Alone = since(promoted), since(ev.get(&ev.Switched)), since(demotedAt), since(aloneAt)
 	before := map[string]int64{} // the highest fence granted before the fault, per key
 	for _, a := range attempts {
 		if a.Kind != kindOK {
@@ -240,19 +241,26 @@ func fencesRose(attempts []attempt, faultAt int64, before map[string]int64) ([]s
 }
 
 // watchRole polls ROLE on addr every 50 ms and returns a func that stops the poller
-// and reports when addr first answered other than "master" (0 if it never did).
-func watchRole(addr string) func() int64 {
+// and reports when addr first answered as a master listing no replica (0 if it
+// never did) and when it first answered other than "master" (0 if it never did).
+// The first is what a holder could notice with one cheap command: its master was
+// left alone.
+func watchRole(addr string) func() (alone, demoted int64) {
 	if addr == "" {
-		return func() int64 { return 0 }
+		return func() (int64, int64) { return 0, 0 }
 	}
 	stop := make(chan struct{})
-	var at int64
+	var alone, demoted int64
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
-			if r := role(addr, 200*time.Millisecond); r != "" && r != "master" {
-				at = now()
+			r, n := roleReplicas(addr, 200*time.Millisecond)
+			if r == "master" && n == 0 && alone == 0 {
+				alone = now()
+			}
+			if r != "" && r != "master" {
+				demoted = now()
 				return
 			}
 			select {
@@ -262,10 +270,10 @@ func watchRole(addr string) func() int64 {
 			}
 		}
 	}()
-	return func() int64 {
+	return func() (int64, int64) {
 		close(stop)
 		<-done
-		return at
+		return alone, demoted
 	}
 }
 
@@ -426,7 +434,7 @@ type cell struct {
 func (c *cell) String() string {
 	var tl tally
 	var lost, strand, roundsWith int
-	var promote, sw, demote []time.Duration
+	var promote, sw, demote, alone []time.Duration
 	rec, out := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for _, r := range c.rounds {
 		tl.Overlaps += r.Tally.Overlaps
@@ -440,6 +448,7 @@ func (c *cell) String() string {
 			roundsWith++
 		}
 		promote, sw, demote = append(promote, r.Promote), append(sw, r.Switch), append(demote, r.Demote)
+		alone = append(alone, r.Alone)
 		for n, d := range r.Recovery {
 			rec[n] = append(rec[n], d)
 		}
@@ -448,8 +457,8 @@ func (c *cell) String() string {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d rounds; %v; overlaps in %d rounds; leases lost %d; stranded grants %d; after the fault: new master %s, clients told %s, old master demoted %s",
-		c.name, len(c.rounds), tl, roundsWith, lost, strand, span(promote), span(sw), span(demote))
+	fmt.Fprintf(&b, "%s: %d rounds; %v; overlaps in %d rounds; leases lost %d; stranded grants %d; after the fault: new master %s, clients told %s, old master's ROLE lists no replica %s, old master demoted %s",
+		c.name, len(c.rounds), tl, roundsWith, lost, strand, span(promote), span(sw), span(alone), span(demote))
 	names := make([]string, 0, len(rec))
 	for n := range rec {
 		names = append(names, n)
@@ -495,8 +504,8 @@ func judge(t *testing.T, name string, r roundResult, claimsSafety bool) {
 		}
 		return d.Round(time.Millisecond).String()
 	}
-	t.Logf("%s: %d sections, errors %v, leases lost %d; %v; stranded grants %d; after the fault: new master %v, clients told %v, old master demoted %v; longest gap without a grant %v, closed %v after the fault; fences compared on %d keys; round %v",
-		name, r.Sections, r.Errors, r.LeasesLost, r.Tally, r.StrandedGrants, ms(r.Promote), ms(r.Switch), ms(r.Demote),
+	t.Logf("%s: %d sections, errors %v, leases lost %d; %v; stranded grants %d; after the fault: new master %v, clients told %v, old master's ROLE lists no replica %v, old master demoted %v; longest gap without a grant %v, closed %v after the fault; fences compared on %d keys; round %v",
+		name, r.Sections, r.Errors, r.LeasesLost, r.Tally, r.StrandedGrants, ms(r.Promote), ms(r.Switch), ms(r.Alone), ms(r.Demote),
 		r.Outage, r.Recovery, r.KeysChecked, ms(r.Elapsed))
 	if r.Sections == 0 {
 		t.Errorf("%s: no section ran", name)

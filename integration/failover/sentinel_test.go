@@ -112,6 +112,9 @@ type sentinelMode struct {
 
 var sentinelModes = []sentinelMode{
 	{name: "async", ci: map[string]bool{"kill": true, "stop": true, "graceful": true, "partition": true}},
+	// The same full sync holds back the end of a failover, when the sentinel that
+	// led it tells its clients (+switch-master).
+	{name: "async-sync-delay-0", args: []string{"--repl-diskless-sync-delay", "0"}},
 	{name: "min-replicas-1", args: minReplicasArgs, ci: map[string]bool{"partition": true}},
 	// A replica that cannot continue from the new master's stream (it took writes of
 	// the deposed master) syncs in full, which waits repl-diskless-sync-delay (5 s by

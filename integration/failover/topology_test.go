@@ -189,16 +189,29 @@ func (st *sentinelTopo) conn(tuned bool) connSpec {
 // role is the first element of ROLE from addr ("master", "slave"), or "" when the
 // server does not answer within timeout.
 func role(addr string, timeout time.Duration) string {
+	r, _ := roleReplicas(addr, timeout)
+	return r
+}
+
+// roleReplicas is ROLE from addr: the role, and for a master how many replicas it
+// lists; "" when the server does not answer within timeout.
+func roleReplicas(addr string, timeout time.Duration) (string, int) {
 	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: timeout, ReadTimeout: timeout, MaxRetries: -1})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	res, err := c.Do(ctx, "ROLE").Slice()
 	if err != nil || len(res) == 0 {
-		return ""
+		return "", 0
 	}
 	s, _ := res[0].(string)
-	return s
+	n := 0
+	if s == "master" && len(res) > 2 {
+		if l, ok := res[2].([]any); ok {
+			n = len(l)
+		}
+	}
+	return s, n
 }
 
 // signal sends sig to the redis-server s.

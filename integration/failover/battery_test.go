@@ -4,6 +4,7 @@ package failover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -292,19 +293,35 @@ func finalFences(t testing.TB, conn connSpec, before map[string]int64) []string 
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		l, err := locks.Lock(ctx, k, ttl, mutex.MaxWait(2*ttl))
+		l, err := lockAgain(locks, k)
 		if err != nil {
-			cancel()
 			t.Fatalf("taking %s after the failover: %v", k, err)
 		}
 		if l.Fence() <= before[k] {
 			bad = append(bad, fmt.Sprintf("%s: fence %d after the failover, not above %d before it", k, l.Fence(), before[k]))
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = l.Unlock(ctx)
 		cancel()
 	}
 	return bad
+}
+
+// lockAgain takes key, trying again for up to topoTimeout while the deployment
+// answers with an error: a master with min-replicas-to-write refuses every grant
+// until a replica has acknowledged it recently, which the probes time; this check is
+// about fences.
+func lockAgain(locks *mutex.Client, key string) (*mutex.Lock, error) {
+	deadline := time.Now().Add(topoTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		l, err := locks.Lock(ctx, key, ttl, mutex.MaxWait(2*ttl))
+		cancel()
+		if err == nil || errors.Is(err, mutex.ErrNotObtained) || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // probeRun is one TryLock + Unlock of a probe.

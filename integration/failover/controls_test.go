@@ -108,10 +108,11 @@ func TestCheckersTripOnSyntheticFaults(t *testing.T) {
 
 // TestCheckersTripInARound runs a Sentinel round with two deliberate faults of the
 // lock on top of the failover: before it, a nemesis deletes the lock keys on the
-// master under their holders (the overlap and lost-update checkers, and the check
-// that nothing overlaps before the fault, must report), and one worker uses a
-// fence far below the one it was given in every other section (the fenced-write
-// checker and the check that fences rose across the failover must report).
+// master under their holders for two leases (the overlap and lost-update checkers,
+// and the check that nothing overlaps before the fault, must report), and one worker
+// uses a fence far below the one it was given in every other section (the
+// fenced-write checker and the check that fences rose across the failover must
+// report).
 func TestCheckersTripInARound(t *testing.T) {
 	var deleted int64
 	r := sentinelRound(t, sentinelModes[0], sentinelFaults[0], func(cfg *roundConfig, st *sentinelTopo) {
@@ -123,7 +124,7 @@ func TestCheckersTripInARound(t *testing.T) {
 				rkeys[i] = mutex.DefaultPrefix + "{" + k + "}"
 			}
 			rng := rand.New(rand.NewPCG(1, 2))
-			for end := time.Now().Add(ttl / 2); time.Now().Before(end); time.Sleep(time.Millisecond + time.Duration(rng.Int64N(int64(time.Millisecond)))) {
+			for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(time.Millisecond + time.Duration(rng.Int64N(int64(time.Millisecond)))) {
 				n, err := rdb.Del(context.Background(), rkeys...).Result()
 				if err != nil {
 					t.Errorf("nemesis: %v", err)

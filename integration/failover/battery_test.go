@@ -71,7 +71,7 @@ type roundConfig struct {
 	// PreFault, if set, runs just before the fault, in the fault-free window (a
 	// nemesis of a positive control).
 	PreFault func(t testing.TB)
-	// Fresh returns a client of the deployment as it is after the failover, for the
+	// Fresh is how to reach the deployment as it is after the failover, for the
 	// final check that every key's fence rose.
 	Fresh connSpec
 }
@@ -81,7 +81,6 @@ type faultEvents struct {
 	mu       sync.Mutex
 	Promoted int64 // the deployment named a new master (a sentinel's get-master-addr, a replica's ROLE)
 	Switched int64 // clients were told: Sentinel's +switch-master, the cluster's slots moved
-	Healed   int64 // the fault was undone (SIGCONT, partition healed)
 }
 
 func (e *faultEvents) set(p *int64) {
@@ -146,7 +145,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 	}
 	probes := startProbes(t, cfg.Probes, cfg.ProbeKeys)
 	demoted := watchRole(cfg.OldMaster)
-
+	defer demoted() // when the round fails before it reads it
 	// Let every worker take locks for a lease's time before the fault (a fault-free
 	// window in which the lock claims mutual exclusion), then fail the master over.
 	time.Sleep(ttl)
@@ -271,8 +270,9 @@ func watchRole(addr string) func() (alone, demoted int64) {
 			}
 		}
 	}()
+	var once sync.Once
 	return func() (int64, int64) {
-		close(stop)
+		once.Do(func() { close(stop) })
 		<-done
 		return alone, demoted
 	}
@@ -351,6 +351,7 @@ func startProbes(t testing.TB, conns map[string]connSpec, keys map[string]string
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &probes{cancel: cancel, runs: map[string][]probeRun{}, names: map[string]bool{}}
+	t.Cleanup(func() { p.stop() }) // when the round fails before it stops them
 	for name, conn := range conns {
 		p.names[name] = true
 		rdb := newRedis(conn)

@@ -177,10 +177,7 @@ var clusterFaults = []struct {
 	}},
 	{"stop", func(t testing.TB, ctx context.Context, ct *clusterTopo, ev *faultEvents) {
 		signal(t, ct.masters[0], syscall.SIGSTOP)
-		defer func() {
-			signal(t, ct.masters[0], syscall.SIGCONT)
-			ev.set(&ev.Healed)
-		}()
+		defer signal(t, ct.masters[0], syscall.SIGCONT)
 		ct.waitPromoted(t, ctx, ev)
 		time.Sleep(ttl)
 	}},

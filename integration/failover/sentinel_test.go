@@ -75,10 +75,7 @@ var sentinelFaults = []sentinelFault{
 	}},
 	{name: "stop", inject: func(t testing.TB, ctx context.Context, st *sentinelTopo, ev *faultEvents) {
 		signal(t, st.master, syscall.SIGSTOP)
-		defer func() {
-			signal(t, st.master, syscall.SIGCONT)
-			ev.set(&ev.Healed)
-		}()
+		defer signal(t, st.master, syscall.SIGCONT)
 		waitPromoted(t, ctx, st, st.master.Addr(), ev)
 		time.Sleep(ttl)
 	}},
@@ -90,10 +87,7 @@ var sentinelFaults = []sentinelFault{
 	}},
 	{name: "partition", partition: true, inject: func(t testing.TB, ctx context.Context, st *sentinelTopo, ev *faultEvents) {
 		st.proxy.Blackhole(true)
-		defer func() {
-			st.proxy.Blackhole(false)
-			ev.set(&ev.Healed)
-		}()
+		defer st.proxy.Blackhole(false)
 		waitPromoted(t, ctx, st, st.proxy.Addr(), ev)
 		time.Sleep(ttl)
 	}},

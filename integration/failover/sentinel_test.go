@@ -116,6 +116,10 @@ var sentinelModes = []sentinelMode{
 	// min-replicas-to-write 1 refuses every grant.
 	{name: "min-replicas-1-sync-delay-0", args: append(slices.Clone(minReplicasArgs), "--repl-diskless-sync-delay", "0"),
 		ci: map[string]bool{"graceful": true}},
+	// Redis counts a replica's lag in whole seconds since its last acknowledgement,
+	// sent every second, so a lag of 1 is near the edge; 2 is the next step.
+	{name: "min-replicas-1-lag-2-sync-delay-0", args: []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "2",
+		"--repl-diskless-sync-delay", "0"}},
 }
 
 // sentinelRound starts a fresh deployment and runs one failover of fault on it.

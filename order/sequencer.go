@@ -229,12 +229,14 @@ func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (i
 	return next, nil
 }
 
-// Await is Enter, waiting up to maxWait for p's turn while the answer is TurnWait:
-// it listens on the key's channel, where Finish announces each new next place, and
-// asks again when one comes (no polling). It returns the last Turn: TurnWait when
-// maxWait ended first. A waiting Await holds one pub/sub connection. When ctx ends,
-// it returns ctx's error. A lost subscription is dialled again, and the turn asked
-// again, within maxWait. Safe for concurrent use.
+// Await is Enter, waiting up to maxWait while the answer is TurnWait with the same
+// next place: it listens on the key's channel, where Finish announces each new next
+// place, and asks again when one comes (no polling). It returns the first Turn that
+// differs, p's turn or a wait for a later place, so that the caller can judge the
+// task that holds it; or the last Turn when maxWait ended first. A waiting Await
+// holds one pub/sub connection. When ctx ends, it returns ctx's error. A lost
+// subscription is dialled again, and the turn asked again, within maxWait. Safe for
+// concurrent use.
 func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time.Duration) (Turn, error) {
 	t, err := s.Enter(ctx, key, p)
 	if err != nil || t.State != TurnWait || maxWait <= 0 {
@@ -244,13 +246,10 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 	channel := redisKey(s.prefix, key)
 	ps := s.run.Subscribe(ctx)
 	defer func() { _ = ps.Close() }()
-	subscribed, stale := false, false
+	subscribed := false
 	for {
 		left := time.Until(deadline)
 		if left <= 0 {
-			if stale {
-				return s.Enter(ctx, key, p)
-			}
 			return t, nil
 		}
 		if !subscribed {
@@ -287,9 +286,8 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 				if !ok {
 					continue // a pong, or a confirmation
 				}
-				if n, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && n < p.N {
-					stale = true // the key moved on, not yet to p
-					continue
+				if n, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && n == t.Next {
+					continue // no news
 				}
 			}
 		}
@@ -297,8 +295,8 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 		if err != nil {
 			return t, err
 		}
-		if t, stale = nt, false; t.State != TurnWait {
-			return t, nil
+		if nt.State != TurnWait || nt.Next != t.Next {
+			return nt, nil
 		}
 	}
 }
@@ -337,3 +335,4 @@ func number(v any) int64 {
 
 // show is key for errors: quoted, shortened past 100 bytes.
 func show(key string) string { return shortkey.Show(key) }
+

@@ -149,13 +149,21 @@ func TestAwaitIsWokenByFinish(t *testing.T) {
 	const maxWait = time.Minute
 	got := make(chan Turn, 1)
 	go func() {
-		turn, err := s.Await(ctx, key, p3, maxWait)
-		if err != nil {
-			t.Errorf("Await: %v", err)
+		// Await returns when the key's next place changes; a caller waits again for
+		// the next one, at most once per place before its own.
+		var turn Turn
+		for range 3 {
+			var err error
+			if turn, err = s.Await(ctx, key, p3, maxWait); err != nil || turn.State != TurnWait {
+				if err != nil {
+					t.Errorf("Await: %v", err)
+				}
+				break
+			}
 		}
 		got <- turn
 	}()
-	// Finish the places one by one; the waiter hears the first and keeps waiting.
+	// Finish the places one by one.
 	time.Sleep(50 * time.Millisecond) // let it subscribe; its answer does not depend on it
 	start := time.Now()
 	for _, p := range []Place{p1, p2} {
@@ -170,6 +178,35 @@ func TestAwaitIsWokenByFinish(t *testing.T) {
 		}
 		if d := time.Since(start); d > maxWait/2 {
 			t.Fatalf("Await took %v after the finish", d)
+		}
+	case <-time.After(maxWait / 2):
+		t.Fatal("Await was not woken by Finish")
+	}
+}
+
+func TestAwaitReturnsWhenTheNextPlaceChanges(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "default", "a")
+	_, _ = s.Take(ctx, key, "default", "b")
+	p3, _ := s.Take(ctx, key, "default", "c")
+	const maxWait = time.Minute
+	got := make(chan Turn, 1)
+	go func() {
+		turn, err := s.Await(ctx, key, p3, maxWait)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- turn
+	}()
+	time.Sleep(50 * time.Millisecond) // let it subscribe; its answer does not depend on it
+	if _, err := s.Finish(ctx, key, p1, Done); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case turn := <-got:
+		if turn.State != TurnWait || turn.Next != 2 || turn.Holder.TaskID != "b" {
+			t.Fatalf("Await = %+v; want a wait for place 2, held by b", turn)
 		}
 	case <-time.After(maxWait / 2):
 		t.Fatal("Await was not woken by Finish")

@@ -335,4 +335,3 @@ func number(v any) int64 {
 
 // show is key for errors: quoted, shortened past 100 bytes.
 func show(key string) string { return shortkey.Show(key) }
-

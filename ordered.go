@@ -66,7 +66,9 @@ type TaskLookup interface {
 // ask whether its turn has come, one to finish its place. The default is no order.
 // tasks may be nil in options only NewProducer gets, since a producer asks asynq
 // nothing. InOrder panics if seq is nil; Middleware panics if tasks is nil, or if
-// InOrder is given with OnEach or KeysBy, Limit(n > 1), or NoLock.
+// InOrder is given with OnEach or KeysBy, Limit(n > 1), NoLock, or OnConflict(Skip),
+// which would complete every task whose turn has not come without running it. Under
+// Fail such a task spends a retry.
 func InOrder(seq *order.Sequencer, tasks TaskLookup) Option {
 	if seq == nil {
 		panic("asynqmutex.InOrder: nil *order.Sequencer")
@@ -102,6 +104,8 @@ func (c *config) checkOrder(worker bool) {
 		panic("asynqmutex.Middleware: InOrder runs the tasks of a key one at a time; Limit lets several run")
 	case c.noLock:
 		panic("asynqmutex.Middleware: InOrder holds the key's lock while a task runs; NoLock takes none")
+	case c.policy == Skip:
+		panic("asynqmutex.Middleware: InOrder with OnConflict(Skip) would complete, unrun, every task whose turn has not come")
 	}
 }
 

@@ -43,11 +43,15 @@ type TaskLookup interface {
 // runs. Tasks of other keys run in parallel. Give producer and middleware the same
 // options (On, KeyBy, Scope, For, InOrder), so that both derive the same keys.
 //
-// A task whose turn has not come waits up to MaxWait, woken when its predecessor
-// finishes (a pub/sub message, not polling); then the OnConflict policy applies as
-// for a busy key: RetryLater sends it back without spending a retry (with
-// Configure). Ordered keys drain quickly only with a MaxWait that covers a handler's
-// run: without one every task that meets a running predecessor is sent back.
+// A task whose turn has not come waits up to MaxWait while the task ahead of it
+// runs, woken when that task finishes (a pub/sub message, not polling); then, or at
+// once when the task ahead is queued or waits for a retry, the OnConflict policy
+// applies as for a busy key: RetryLater sends it back without spending a retry (with
+// Configure), for RetryLater's delay without backoff or jitter, or until a second
+// after the task ahead is due. Ordered keys drain quickly only with a MaxWait that
+// covers a handler's run: without one every task that meets a running predecessor
+// is sent back. A task with no retry left waits for any task ahead, up to
+// LastTryWait, and is archived if its turn has not come: give ordered tasks retries.
 //
 // A task that fails and will be retried keeps its place: the key waits for it. A task
 // that will not run again (its handler succeeded, it was skipped, or its last try
@@ -157,7 +161,7 @@ func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, 
 	lastTry := m.lastTry(meta)
 	wait := m.wait(ctx, lastTry)
 	var due time.Time
-	turn, err := m.awaitTurn(ctx, t, meta.id, key, p, wait, &due)
+	turn, err := m.awaitTurn(ctx, t, meta.id, key, p, wait, lastTry, &due)
 	switch {
 	case err != nil:
 		err = &wrapError{
@@ -221,11 +225,12 @@ func placeOutcome(err error, meta taskMeta) (order.How, string) {
 // whose task is gone (see InOrder). It waits only while the task that holds the
 // key's next place is running: one that is queued, or will be retried, comes after
 // tasks already in the queue, and waiting for it would keep worker slots from them.
-// It returns the last Turn.
+// A task on its last try (which asynq would archive if sent back) waits for any task
+// ahead. It returns the last Turn.
 //
 // dueAt is set to when that task, waiting for a retry or its ProcessAt, is due; zero
 // when it is not waiting so.
-func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key string, p order.Place, wait time.Duration, dueAt *time.Time) (order.Turn, error) {
+func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key string, p order.Place, wait time.Duration, lastTry bool, dueAt *time.Time) (order.Turn, error) {
 	deadline := time.Now().Add(wait)
 	turn, err := m.seq.Enter(ctx, key, p)
 	for range maxOrderSteps {
@@ -248,10 +253,10 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 		}
 		left := time.Until(deadline)
 		young := h.Age < m.orderGrace
-		if left <= 0 || !running && !young {
+		if left <= 0 || !running && !young && !lastTry {
 			return turn, nil
 		}
-		if !running {
+		if !running && young {
 			// Its producer may be enqueuing it still: ask asynq again once the
 			// grace has passed.
 			left = min(left, m.orderGrace-h.Age)

@@ -544,3 +544,33 @@ func TestOrderTaskWithoutPlace(t *testing.T) {
 		return n == 1, fmt.Sprintf("%d events", n)
 	})
 }
+
+// TestOrderLastTryWaits: tasks with no retry left, which asynq would archive if sent
+// back, wait for their turn while the task ahead is delayed (ProcessIn), and run in
+// order once it has run. The delayed task also shows that a delay holds back the
+// key's later tasks rather than letting them pass.
+func TestOrderLastTryWaits(t *testing.T) {
+	t.Parallel()
+	// A short grace: the delayed task is past it, so that only its being a last try
+	// keeps the others waiting.
+	g := newGapEnv(t, 100*time.Millisecond)
+	// asynq keeps a task's time in whole seconds, so it may run up to a second early.
+	const delay = 2 * time.Second
+	start := time.Now()
+	g.enqueue(t, 0, asynq.MaxRetry(0), asynq.ProcessIn(delay))
+	for i := 1; i < 4; i++ {
+		g.enqueue(t, i, asynq.MaxRetry(0))
+	}
+	g.start(t, nil)
+	if got, want := g.ran(t, 4, 10*time.Second), names(0, 1, 2, 3); !slices.Equal(got, want) {
+		t.Fatalf("runs %v, want %v", got, want)
+	}
+	if elapsed := time.Since(start); elapsed < delay-time.Second {
+		t.Errorf("all ran after %v, before the first task's delay of %v (less asynq's second)", elapsed, delay)
+	}
+	for _, id := range g.ids {
+		if info, err := g.insp.GetTaskInfo("default", id); err == nil && info.State == asynq.TaskStateArchived {
+			t.Errorf("task %s archived: %s", id, info.LastErr)
+		}
+	}
+}

@@ -574,3 +574,90 @@ func TestOrderLastTryWaits(t *testing.T) {
 		}
 	}
 }
+
+// countHook counts the commands a redis client sends (a pipeline counts once).
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestOrderCosts counts the round trips order adds: per task, one on the producer's
+// side (take) and two on the worker's (enter, finish), when each task finds its turn
+// come; none for a task of a type without order.
+func TestOrderCosts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var prodCalls, workCalls countHook
+	newSeq := func(h *countHook) *order.Sequencer {
+		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
+		rdb.AddHook(h)
+		t.Cleanup(func() { rdb.Close() })
+		return order.New(rdb)
+	}
+	log := newOrderLog()
+	opts := func(seq *order.Sequencer, insp *asynq.Inspector) []asynqmutex.Option {
+		return []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+			asynqmutex.InOrder(seq, insp), asynqmutex.MaxWait(5 * time.Second)}
+	}
+	prod := asynqmutex.NewProducer(e.cli, opts(newSeq(&prodCalls), nil)...)
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(orderedType, log.handler)
+	mux.HandleFunc("plain", func(context.Context, *asynq.Task) error { return nil })
+	mux.Use(asynqmutex.Middleware(e.locks, opts(newSeq(&workCalls), e.insp)...))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 1}), mux)
+
+	enqueue := func(seq int) {
+		t.Helper()
+		p := orderPayload{Key: "k", Producer: 7, Seq: seq}
+		if failsOnce(p) {
+			t.Fatalf("task %s would fail", p.name())
+		}
+		if _, err := prod.Enqueue(context.Background(), asynq.NewTask(orderedType, payload(t, p))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One task first, so that the scripts are loaded before the count.
+	enqueue(0)
+	waitFor(t, 10*time.Second, "the first task", func() (bool, string) { return log.done() == 1, fmt.Sprint(log.done()) })
+	const n = 5
+	p0, w0 := prodCalls.n.Load(), workCalls.n.Load()
+	seqs := []int{}
+	for s := 1; len(seqs) < n; s++ {
+		if !failsOnce(orderPayload{Key: "k", Producer: 7, Seq: s}) {
+			seqs = append(seqs, s)
+		}
+	}
+	// One at a time, so that each finds its turn come (the injected failures spared).
+	for i, s := range seqs {
+		enqueue(s)
+		waitFor(t, 10*time.Second, "the task to run", func() (bool, string) { return log.done() >= i+2, fmt.Sprint(log.done()) })
+		// Its place is finished after its handler returned.
+		waitFor(t, 5*time.Second, "its place finished", func() (bool, string) {
+			d := workCalls.n.Load() - w0
+			return d >= int64(2*(i+1)), fmt.Sprint(d)
+		})
+	}
+	e.enqueue(t, "plain", nil)
+	waitFor(t, 10*time.Second, "the plain task to complete", func() (bool, string) {
+		q, err := e.insp.GetQueueInfo("default")
+		return err == nil && q.Pending == 0 && q.Active == 0, fmt.Sprint(q, err)
+	})
+	if got := prodCalls.n.Load() - p0; got != n {
+		t.Errorf("producer: %d round trips for %d tasks, want %d", got, n, n)
+	}
+	if got := workCalls.n.Load() - w0; got != 2*n {
+		t.Errorf("worker: %d round trips for %d ordered tasks and a plain one, want %d", got, n, 2*n)
+	}
+	t.Logf("order's round trips for %d tasks: producer %d, worker %d", n, prodCalls.n.Load()-p0, workCalls.n.Load()-w0)
+}

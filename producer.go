@@ -74,7 +74,8 @@ func (p *Producer) Key(ctx context.Context, t *asynq.Task) (string, error) {
 // (order.Abandoned), so the key does not wait for it, and returns asynq's error;
 // but for asynq.ErrTaskIDConflict: a task with that ID holds a place already, and
 // Take gave Enqueue that place, which stays the task's. A producer that dies between
-// the two steps leaves a place its key moves past after OrderGrace.
+// the two steps leaves a place its key moves past after OrderGrace. Safe for
+// concurrent use.
 func (p *Producer) Enqueue(ctx context.Context, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	if p.types != nil && !p.types[t.Type()] {
 		return p.client.EnqueueContext(ctx, t, opts...)

@@ -134,12 +134,12 @@ func isBoolFlag(f *flag.Flag) bool {
 // validate rejects flags and arguments that do not fit together.
 func (inv *invocation) validate() error {
 	switch inv.cmd {
-	case "", "list", "show", "release", "rates", "rate", "pause", "resume":
+	case "", "list", "show", "release", "rates", "rate", "pause", "resume", "order":
 	case "help":
 		inv.help = true
 		return nil
 	default:
-		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause and resume", shortkey.Quote(inv.cmd))
+		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause, resume and order", shortkey.Quote(inv.cmd))
 	}
 	switch inv.cmd {
 	case "list":

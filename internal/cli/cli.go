@@ -21,7 +21,7 @@ func Run(ctx context.Context, args []string, env func(string) string, stdout, st
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // Redis unreachable or failing, or nothing to release or resume
+	exitFailure = 1 // Redis unreachable or failing, or nothing to release, resume or skip
 	exitUsage   = 2
 )
 
@@ -104,6 +104,9 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	case "pause":
 		return conn.explain(pause(ctx, conn.rates, inv, key, out, stderr))
 	case "order":
+		if inv.set["skip"] {
+			return conn.explain(orderSkip(ctx, conn.orders, key, inv.skip, out, stderr))
+		}
 		return conn.explain(orderShow(ctx, conn.orders, key, inv.givenKey(), out))
 	default: // resume
 		return conn.explain(resume(ctx, conn.rates, key, inv.givenKey(), out, stderr))
@@ -124,7 +127,7 @@ Usage:
   asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
   asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
   asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
-  asynqmutex [flags] order KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] order [--skip N] KEY | --task TYPE [VALUE...]
   asynqmutex help
 
 Commands:
@@ -146,7 +149,9 @@ Commands:
   resume   end a key's pause now; starts already taken keep their times
   order    a key's order (InOrder, package order): the place whose turn it is,
            the task that holds it (ID, queue, how long ago it took its place),
-           places taken and not finished, places skipped
+           places taken and not finished, places skipped. With --skip N, move
+           the key past its next place N, whose task will not come (the workers
+           do so themselves by docs/order.md's rules)
 
 Keys:
   KEY is the key the lock was taken on; for the middleware the JSON array of the
@@ -180,6 +185,7 @@ Flags (before or after the command):
       --every D          pause: the key's spacing of starts (100ms; 1m/N for
                          N a minute)
       --burst N          pause: the key's burst (default 1 with --every)
+      --skip N           order: move the key past its next place, N
   -h, --help             print this help
 
 Environment:
@@ -187,7 +193,7 @@ Environment:
              rediss:// for TLS. Flags given explicitly override it.
 
 Exit status: 0 success (show of a free key and rate of an unknown one
-included), 1 Redis unreachable or failing, or nothing to release or resume,
+included), 1 Redis unreachable or failing, or nothing to release, resume or skip,
 2 usage error.
 
 Examples:
@@ -202,4 +208,5 @@ Examples:
   asynqmutex pause --for 30s --task payment:capture c-42
   asynqmutex resume --task payment:capture c-42
   asynqmutex order --task transfer acct-7
+  asynqmutex order --skip 2 --task transfer acct-7
 `

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 
 	"github.com/asynqmutex/asynqmutex/order"
@@ -78,4 +79,36 @@ func orderShow(ctx context.Context, seq *order.Sequencer, key, given string, p *
 	field("Skipped:", "%d %s moved past without their task finishing", st.Skipped, plural(int(st.Skipped), "place", "places"))
 	field("Redis key:", "%s", printable(st.RedisKey))
 	return nil
+}
+
+// orderSkip moves key past its next place if that is place n: as the workers do for
+// a task that is gone, for a person who knows it will not come.
+func orderSkip(ctx context.Context, seq *order.Sequencer, key string, n int64, p *printer, stderr io.Writer) error {
+	st, err := seq.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	if st.Epoch == "" || st.Next != n || st.Waiting() == 0 {
+		fmt.Fprintf(stderr, "asynqmutex: nothing skipped: the next place of %s is not %d (next %d, last taken %d); 'asynqmutex order %s' shows it\n",
+			quoteKey(key), n, st.Next, st.Last, taskArgs(key))
+		return errReported
+	}
+	next, err := seq.Finish(ctx, key, order.Place{Epoch: st.Epoch, N: n}, order.Skipped)
+	if err != nil {
+		return err
+	}
+	if next == 0 {
+		fmt.Fprintf(stderr, "asynqmutex: nothing skipped: %s moved past place %d meanwhile; 'asynqmutex order %s' shows it\n",
+			quoteKey(key), n, taskArgs(key))
+		return errReported
+	}
+	if p.json {
+		return p.encode(struct {
+			Key     string `json:"key"`
+			Skipped int64  `json:"skipped"`
+			Next    int64  `json:"next"`
+		}{key, n, next})
+	}
+	_, err = fmt.Fprintf(p.w, "Moved %s past place %d (task %s); its next place is %d.\n", quoteKey(key), n, printable(st.Holder.TaskID), next)
+	return err
 }

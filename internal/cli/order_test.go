@@ -53,4 +53,19 @@ func TestOrder(t *testing.T) {
 	if !strings.Contains(r.stdout, "not ordered") {
 		t.Errorf("order of a key without one:\n%s", r.stdout)
 	}
+
+	// --skip moves the key past its next place, and only past the one named.
+	if r := cli(t, nil, "order", "--skip", "3", "--task", "transfer", "acct-7", uri); r.code != exitFailure || !strings.Contains(r.stderr, "nothing skipped") {
+		t.Errorf("order --skip 3 while the next place is 2: %v", r)
+	}
+	r = mustRun(t, "order", "--skip", "2", "--task", "transfer", "acct-7", uri)
+	if !strings.Contains(r.stdout, "past place 2 (task t-2); its next place is 3") {
+		t.Errorf("order --skip 2:\n%s", r.stdout)
+	}
+	if st, err := seq.Inspect(ctxT(t), key); err != nil || st.Next != 3 || st.Skipped != 2 {
+		t.Errorf("after --skip 2: %+v, %v; want next 3, 2 skipped", st, err)
+	}
+	if r := cli(t, nil, "list", "--skip", "2", uri); r.code != exitUsage {
+		t.Errorf("list --skip: %v", r)
+	}
 }

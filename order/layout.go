@@ -29,7 +29,7 @@ import (
 //     that go-redis sends again after a lost reply finds the place its first run took.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
-// place. A sequence whose places are all finished expires after IdleKeep.
+// place, as FormatPlace writes it. A sequence whose places are all finished expires after IdleKeep.
 const (
 	// DefaultPrefix is the prefix of every Redis key a Sequencer uses unless the
 	// Prefix option says otherwise. It is the lock's (mutex.DefaultPrefix): a key's

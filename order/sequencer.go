@@ -231,7 +231,8 @@ func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (i
 
 // Await is Enter, waiting up to maxWait while the answer is TurnWait with the same
 // next place: it listens on the key's channel, where Finish announces each new next
-// place, and asks again when one comes (no polling). It returns the first Turn that
+// place, and asks again when one comes (no polling), unless the announcement is p
+// itself, which it returns as TurnNow without asking. It returns the first Turn that
 // differs, p's turn or a wait for a later place, so that the caller can judge the
 // task that holds it; or the last Turn when maxWait ended first. A waiting Await
 // holds one pub/sub connection. When ctx ends, it returns ctx's error. A lost
@@ -286,8 +287,13 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 				if !ok {
 					continue // a pong, or a confirmation
 				}
-				if n, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && n == t.Next {
-					continue // no news
+				if next, ok := ParsePlace(m.Payload); ok && next.Epoch == p.Epoch {
+					switch next.N {
+					case p.N: // its turn: the announcement says as much as Enter would
+						return Turn{State: TurnNow, Next: p.N}, nil
+					case t.Next:
+						continue // no news
+					}
 				}
 			}
 		}

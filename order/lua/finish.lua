@@ -1,4 +1,6 @@
--- finish: mark a place finished, if it is the key's next, and wake the key's waiters.
+-- finish: mark a place finished, if it is the key's next, and wake the key's waiters:
+-- it publishes the new next place, "<epoch>:<place>" as FormatPlace writes it, on the
+-- sequence's own name.
 --
 -- KEYS[1] -> the key's sequence, a hash (layout.go); also its channel
 -- ARGV[1] -> the place's epoch
@@ -63,5 +65,5 @@ end
 if nxt > last then
   redis.call('PEXPIRE', key, KEEP_MS)
 end
-redis.call('PUBLISH', key, nxt)
+redis.call('PUBLISH', key, epoch .. ':' .. int(nxt))
 return nxt

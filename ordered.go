@@ -182,7 +182,7 @@ func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, 
 		return m.gated(ctx, t, meta, key, nil, next, time.Since(start))
 	}
 	err = m.gated(ctx, t, meta, key, nil, next, time.Since(start))
-	if how, reason := placeOutcome(err, meta); how != 0 {
+	if how, reason := placeOutcome(err, meta, ctx.Err() != nil); how != 0 {
 		// The task is over: its result stands whatever Redis says, and a place Redis
 		// did not finish is moved past as a gap (its task is gone).
 		fctx := context.WithoutCancel(ctx)
@@ -210,11 +210,15 @@ var (
 // placeOutcome says how to finish the place of a task whose turn came and that
 // returned err: order.Done when asynq deletes or completes it, order.Skipped (with
 // the reason) when asynq archives or drops it, 0 when asynq retries it (the task
-// keeps its place).
-func placeOutcome(err error, meta taskMeta) (order.How, string) {
+// keeps its place). A task whose context ended (ended is true) and that failed
+// keeps its place too: asynq puts back a task its server's shutdown interrupted,
+// and one it archives instead is moved past by the gap rule.
+func placeOutcome(err error, meta taskMeta, ended bool) (order.How, string) {
 	switch {
 	case err == nil:
 		return order.Done, ""
+	case ended:
+		return 0, ""
 	case errors.Is(err, asynq.SkipRetry), errors.Is(err, asynq.RevokeTask), meta.noRetryLeft():
 		return order.Skipped, "failed"
 	}

@@ -61,18 +61,21 @@ func TestPlaceOutcome(t *testing.T) {
 		name   string
 		err    error
 		meta   taskMeta
+		ended  bool
 		how    order.How
 		reason string
 	}{
-		{"success", nil, withRetries, order.Done, ""},
-		{"failure to retry", errors.New("boom"), withRetries, 0, ""},
-		{"busy key", &LockedError{Key: "k"}, withRetries, 0, ""},
-		{"last try failed", errors.New("boom"), lastTry, order.Skipped, "failed"},
-		{"SkipRetry", errors.Join(errors.New("bad"), asynq.SkipRetry), withRetries, order.Skipped, "failed"},
-		{"RevokeTask", asynq.RevokeTask, withRetries, order.Skipped, "failed"},
-		{"outside asynq", errors.New("boom"), taskMeta{}, 0, ""},
+		{"success", nil, withRetries, false, order.Done, ""},
+		{"failure to retry", errors.New("boom"), withRetries, false, 0, ""},
+		{"busy key", &LockedError{Key: "k"}, withRetries, false, 0, ""},
+		{"last try failed", errors.New("boom"), lastTry, false, order.Skipped, "failed"},
+		{"SkipRetry", errors.Join(errors.New("bad"), asynq.SkipRetry), withRetries, false, order.Skipped, "failed"},
+		{"RevokeTask", asynq.RevokeTask, withRetries, false, order.Skipped, "failed"},
+		{"outside asynq", errors.New("boom"), taskMeta{}, false, 0, ""},
+		{"last try cut short by shutdown", context.Canceled, lastTry, true, 0, ""},
+		{"success as the context ended", nil, lastTry, true, order.Done, ""},
 	} {
-		if how, reason := placeOutcome(tt.err, tt.meta); how != tt.how || reason != tt.reason {
+		if how, reason := placeOutcome(tt.err, tt.meta, tt.ended); how != tt.how || reason != tt.reason {
 			t.Errorf("%s: placeOutcome = %v, %q; want %v, %q", tt.name, how, reason, tt.how, tt.reason)
 		}
 	}

@@ -18,12 +18,17 @@ func IsFailure(err error) bool {
 
 // RetryDelay is an asynq.Config.RetryDelayFunc: for a *LockedError it returns its
 // RetryIn plus up to a quarter of it (at least up to a second) of random jitter, so
-// tasks that met on a key do not meet again; for any other error it returns asynq's
+// tasks that met on a key do not meet again, except for a task that waits for its
+// turn under InOrder, whose RetryIn stands: jitter would let the tasks of a key come
+// back in another order than they left; for any other error it returns asynq's
 // DefaultRetryDelayFunc. Because asynq passes n, the count of failures, and a busy key
 // is not one, the growing delay for repeated conflicts comes from RetryIn itself.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	var le *LockedError
 	if errors.As(err, &le) && le.RetryIn > 0 {
+		if le.turn != nil {
+			return le.RetryIn
+		}
 		return le.RetryIn + rand.N(le.RetryIn/4+time.Second)
 	}
 	return asynq.DefaultRetryDelayFunc(n, err, t)

@@ -33,9 +33,23 @@ const (
 	// every worker (Err, the task's *LockedError, says if it could not be), and the
 	// task sent back.
 	OpPaused
+	// OpOutOfTurn: under InOrder, the middleware did not run a task because an
+	// earlier task of its key had not finished within the task's wait. Policy and
+	// Wait as for OpConflict; Err is the *LockedError, which names the place the key
+	// waits for and its task.
+	OpOutOfTurn
+	// OpOrderSkipped: under InOrder, a key moved past a place whose task will not
+	// finish (see InOrder); Err is a *GapError that names the place, its task and why.
+	// TaskID is the task that moved the key: the one whose last try failed, or the
+	// one that found the gap.
+	OpOrderSkipped
+	// OpOutOfOrder: under InOrder, a task ran under its lock alone, outside its key's
+	// order: it carried no place, or its key had moved past it. Err says which.
+	OpOutOfOrder
 )
 
-var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused"}
+var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused",
+	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order"}
 
 // String returns the operation's name in snake case, such as "bad_input", for logs
 // and metric labels.
@@ -60,8 +74,8 @@ type Event struct {
 	// use them as a metric label.
 	Key    string
 	Keys   []string
-	Policy string        // OpConflict, OpLimited
-	Wait   time.Duration // OpConflict, OpLimited, OpRateWaited; OpPaused: the pause
+	Policy string        // OpConflict, OpLimited, OpOutOfTurn
+	Wait   time.Duration // OpConflict, OpLimited, OpOutOfTurn, OpRateWaited; OpPaused: the pause
 	Err    error
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/order"
 	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
@@ -80,6 +81,11 @@ type config struct {
 	rateFunc func(context.Context, *asynq.Task) (ratelimit.Limit, error)
 	burst    int  // Burst; 0 when not given
 	noLock   bool // NoLock: no lock, only the rate gate
+
+	seq        *order.Sequencer // InOrder's; nil without order
+	tasks      TaskLookup       // InOrder's: asks asynq about a task a key waits for
+	orderGrace time.Duration    // OrderGrace, or DefaultOrderGrace
+	graceSet   bool             // OrderGrace was given
 }
 
 // On makes the lock key the task type plus the values of these JSON payload fields,
@@ -377,13 +383,14 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	}
 	m := &middleware{
 		locks:  locks,
-		config: config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay), meta: asynqMeta, limit: 1},
+		config: config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay), meta: asynqMeta, limit: 1, orderGrace: DefaultOrderGrace},
 	}
 	for _, o := range opts {
 		o.apply(&m.config)
 	}
 	m.keyFuncs()
 	m.checkRate()
+	m.checkOrder(true)
 	if m.capped() && (m.policy == Skip || m.policy == Fail) {
 		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
 	}
@@ -436,9 +443,25 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		m.failed(ctx, t, err)
 		return err
 	}
+	if m.seq != nil {
+		return m.inOrder(ctx, t, meta, key, next)
+	}
+	return m.gated(ctx, t, meta, key, keys, next, 0)
+}
 
-	retryLater := m.policy != Skip && m.policy != Fail
-	lastTry := retryLater && meta.noRetryLeft()
+// lastTry reports whether a conflict would archive the task: under RetryLater with
+// no retry left.
+func (m *middleware) lastTry(meta taskMeta) bool {
+	return m.policy != Skip && m.policy != Fail && meta.noRetryLeft()
+}
+
+// gated runs task t, whose key is key (or keys), through the lock and the rate gate
+// to its handler, and returns the task's result. It has waited already (for its
+// turn, under InOrder) what it may wait no longer.
+func (m *middleware) gated(ctx context.Context, t *asynq.Task, meta taskMeta, key string, keys []string, next asynq.Handler, waited time.Duration) error {
+	id := meta.id
+	var err error
+	lastTry := m.lastTry(meta)
 	// pastCap holds the record of a task that reached a reschedule cap on an earlier
 	// run and has no retry left since: a conflict now fails as under Fail (asynq
 	// archives it) instead of waiting LastTryWait. Only a task that has spent a retry
@@ -450,7 +473,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			lastTry, pastCap = false, &r
 		} // on an error, the last try waits as any other: Redis will say more when it answers
 	}
-	wait := m.wait(ctx, lastTry)
+	wait := max(m.wait(ctx, lastTry)-waited, 0)
 
 	var (
 		ran        bool
@@ -591,11 +614,21 @@ func (m *middleware) conflict(ctx context.Context, t *asynq.Task, meta taskMeta,
 		report("fail")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
-	if le.limited != nil {
+	switch {
+	case le.limited != nil:
 		// The time until a start is free, not a backoff: waiting longer leaves the
 		// key's starts unused.
 		le.RetryIn = wholeSeconds(le.limited.delay)
-	} else {
+	case le.turn != nil:
+		// No backoff either: the task waits for one task to finish, not for a
+		// contended key to calm down, and each doubling would delay the key's tail.
+		// A task waiting for one that is due later comes back a second after it, so
+		// as to find it queued ahead of itself.
+		le.RetryIn = time.Duration(m.policy)
+		if due := time.Until(le.turn.due); due > 0 {
+			le.RetryIn = max(le.RetryIn, wholeSeconds(due)+time.Second)
+		}
+	default:
 		le.RetryIn = backoff(time.Duration(m.policy), r.n)
 	}
 	report("retry")

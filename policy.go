@@ -85,8 +85,8 @@ func (p Policy) String() string {
 }
 
 // LockedError is what a task returns under RetryLater when its key was busy: held by
-// another task, or at its rate limit (Rate, RateBy; then it also wraps
-// ratelimit.ErrLimited); and what a task whose handler returned PauseKey's error
+// another task, at its rate limit (Rate, RateBy; then it also wraps
+// ratelimit.ErrLimited), or, under InOrder, waiting for an earlier task; and what a task whose handler returned PauseKey's error
 // returns. It wraps mutex.ErrNotObtained. Configure makes asynq treat it as no failure and retry
 // the task after RetryIn plus jitter. Past a reschedule cap (MaxReschedules,
 // MaxRescheduleTime) the task returns an ordinary error instead, as under Fail, whose
@@ -114,6 +114,8 @@ type LockedError struct {
 	paused   time.Duration // the handler asked for its key to be paused this long (PauseKey)
 	cause    *PauseError   // with paused: the handler's error
 	pauseErr error         // with paused: why the key was not paused, nil if it was
+
+	turn *turnWait // under InOrder: an earlier task of the key had not finished
 }
 
 // Error names the task and the key, shortened past 100 bytes (with a digest), on
@@ -126,6 +128,11 @@ func (e *LockedError) Error() string {
 	switch {
 	case e.Keys != nil:
 		what = "lock " + shortkey.Show(e.Key) + " (of " + showKeys(e.Key, e.Keys) + ") is held by another task"
+	case e.turn != nil:
+		what = fmt.Sprintf("key %s: its place %d waits for place %d", shortkey.Show(e.Key), e.turn.place, e.turn.next)
+		if h := e.turn.holder; h.TaskID != "" {
+			what += fmt.Sprintf(" (task %s in queue %s)", shortkey.Quote(h.TaskID), shortkey.Quote(h.Queue))
+		}
 	case e.limited != nil && e.limited.paused > 0:
 		what = fmt.Sprintf("key %s is paused for %v", shortkey.Show(e.Key), e.limited.paused.Round(time.Millisecond))
 	case e.limited != nil:

@@ -213,9 +213,9 @@ func TestMiddlewareMetrics(t *testing.T) {
 		}
 		for _, m := range labelName.FindAllStringSubmatch(s, -1) {
 			switch m[1] {
-			case "task_type", "outcome", "policy":
+			case "task_type", "outcome", "policy", "reason":
 			default:
-				t.Errorf("series %s has label %s; want only task_type, outcome and policy", s, m[1])
+				t.Errorf("series %s has label %s; want only task_type, outcome, policy and reason", s, m[1])
 			}
 		}
 	}

@@ -80,6 +80,9 @@ type Collector struct {
 	limited         *prometheus.CounterVec   // task_type, policy
 	rateWait        *prometheus.HistogramVec // task_type
 	pauses          *prometheus.CounterVec   // task_type
+	outOfTurn       *prometheus.CounterVec   // task_type, policy
+	orderSkipped    *prometheus.CounterVec   // task_type, reason
+	outOfOrder      *prometheus.CounterVec   // task_type
 	wakeupLost      prometheus.Counter
 	wakeupRecovered prometheus.Counter
 	all             []prometheus.Collector
@@ -137,6 +140,12 @@ func New(opts ...Option) *Collector {
 		}, []string{"task_type"}),
 		pauses: counterVec("key_pauses_total",
 			"Number of times a handler paused its key (asynqmutex.PauseKey); broken down by task type.", "task_type"),
+		outOfTurn: counterVec("task_out_of_turn_total",
+			"Number of tasks not run because an earlier task of their key had not finished (InOrder); broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
+		orderSkipped: counterVec("order_places_skipped_total",
+			"Number of places a key moved past without their task finishing (InOrder); broken down by task type and reason (failed, archived, completed, missing, abandoned).", "task_type", "reason"),
+		outOfOrder: counterVec("task_out_of_order_total",
+			"Number of tasks run under their lock alone, outside their key's order (InOrder): no place, or a place their key had moved past; broken down by task type.", "task_type"),
 		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "wakeup_lost_total",
 			Help: "Number of times a Client's subscription connection for hand-overs broke or fell silent.",
@@ -148,7 +157,7 @@ func New(opts ...Option) *Collector {
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
 		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.limited, c.rateWait, c.pauses,
-		c.wakeupLost, c.wakeupRecovered}
+		c.outOfTurn, c.orderSkipped, c.outOfOrder, c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -229,6 +238,12 @@ func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
 		c.rateWait.WithLabelValues(c.taskType(e.TaskType)).Observe(e.Wait.Seconds())
 	case asynqmutex.OpPaused:
 		c.pauses.WithLabelValues(c.taskType(e.TaskType)).Inc()
+	case asynqmutex.OpOutOfTurn:
+		c.outOfTurn.WithLabelValues(c.taskType(e.TaskType), policy(e.Policy)).Inc()
+	case asynqmutex.OpOrderSkipped:
+		c.orderSkipped.WithLabelValues(c.taskType(e.TaskType), gapReason(e.Err)).Inc()
+	case asynqmutex.OpOutOfOrder:
+		c.outOfOrder.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	}
 }
 
@@ -237,6 +252,19 @@ func (c *Collector) waitEnded(e mutex.Event, taskType string) {
 	if e.Contended {
 		c.waiters.WithLabelValues(taskType).Dec()
 	}
+}
+
+// gapReason is the reason of err, an OpOrderSkipped event's *GapError, as a label
+// value: one of the middleware's, or Other.
+func gapReason(err error) string {
+	var ge *asynqmutex.GapError
+	if errors.As(err, &ge) {
+		switch ge.Reason {
+		case "failed", "archived", "completed", "missing", "abandoned":
+			return ge.Reason
+		}
+	}
+	return Other
 }
 
 // policy is p as a label value: one of the middleware's, or Other.

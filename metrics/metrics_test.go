@@ -217,6 +217,17 @@ func TestObserve(t *testing.T) {
 			`asynqmutex_task_rate_wait_seconds_sum{task_type="pay"}`:             0.25,
 			`asynqmutex_key_pauses_total{task_type="pay"}`:                       1,
 		}},
+		{"order", []any{
+			asynqmutex.Event{Op: asynqmutex.OpOutOfTurn, Key: "k", TaskType: "pay", Policy: "retry"},
+			asynqmutex.Event{Op: asynqmutex.OpOrderSkipped, Key: "k", TaskType: "pay", Err: &asynqmutex.GapError{Key: "k", Place: 3, Reason: "missing"}},
+			asynqmutex.Event{Op: asynqmutex.OpOrderSkipped, Key: "k", TaskType: "pay", Err: errors.New("not a gap")},
+			asynqmutex.Event{Op: asynqmutex.OpOutOfOrder, Key: "k", TaskType: "pay"},
+		}, map[string]float64{
+			`asynqmutex_task_out_of_turn_total{policy="retry",task_type="pay"}`:       1,
+			`asynqmutex_order_places_skipped_total{reason="missing",task_type="pay"}`: 1,
+			`asynqmutex_order_places_skipped_total{reason="other",task_type="pay"}`:   1,
+			`asynqmutex_task_out_of_order_total{task_type="pay"}`:                     1,
+		}},
 		{"wake-ups lost and recovered", []any{
 			mutex.Event{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
 			mutex.Event{Op: mutex.OpWakeupRecovered},

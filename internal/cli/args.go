@@ -17,7 +17,7 @@ import (
 
 // invocation is a parsed command line.
 type invocation struct {
-	cmd  string   // list, show, release, rates, rate, pause or resume; "" when none was given
+	cmd  string   // list, show, release, rates, rate, pause, resume or order; "" when none was given
 	args []string // the arguments after the command
 
 	uri, password, clusterAddrs, tlsServer, prefix, task string
@@ -26,6 +26,7 @@ type invocation struct {
 
 	every, pauseFor time.Duration // pause: --every and --for
 	burst           int           // pause: --burst
+	skip            int64         // order: --skip, the place to move the key past
 
 	set map[string]bool // flags given on the command line, by long name
 }
@@ -63,6 +64,7 @@ func (inv *invocation) flagSet() *flag.FlagSet {
 	fs.DurationVar(&inv.every, "every", 0, "")
 	fs.IntVar(&inv.burst, "burst", 0, "")
 	fs.DurationVar(&inv.pauseFor, "for", 0, "")
+	fs.Int64Var(&inv.skip, "skip", 0, "")
 	return fs
 }
 
@@ -134,12 +136,12 @@ func isBoolFlag(f *flag.Flag) bool {
 // validate rejects flags and arguments that do not fit together.
 func (inv *invocation) validate() error {
 	switch inv.cmd {
-	case "", "list", "show", "release", "rates", "rate", "pause", "resume":
+	case "", "list", "show", "release", "rates", "rate", "pause", "resume", "order":
 	case "help":
 		inv.help = true
 		return nil
 	default:
-		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause and resume", shortkey.Quote(inv.cmd))
+		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause, resume and order", shortkey.Quote(inv.cmd))
 	}
 	switch inv.cmd {
 	case "list":
@@ -156,6 +158,12 @@ func (inv *invocation) validate() error {
 		if inv.set["task"] {
 			return usagef("--task goes with rate, pause and resume, not rates")
 		}
+	}
+	if inv.set["skip"] && inv.cmd != "order" {
+		return usagef("--skip goes with order only")
+	}
+	if inv.set["skip"] && inv.skip < 1 {
+		return usagef("--skip %d: give the place to move the key past, as order shows it (1 or more)", inv.skip)
 	}
 	if inv.force && inv.cmd != "release" {
 		return usagef("--force goes with release only")

@@ -21,7 +21,7 @@ func Run(ctx context.Context, args []string, env func(string) string, stdout, st
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // Redis unreachable or failing, or nothing to release or resume
+	exitFailure = 1 // Redis unreachable or failing, or nothing to release, resume or skip
 	exitUsage   = 2
 )
 
@@ -103,13 +103,19 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 		return conn.explain(rateShow(ctx, conn.rates, key, inv.givenKey(), out))
 	case "pause":
 		return conn.explain(pause(ctx, conn.rates, inv, key, out, stderr))
+	case "order":
+		if inv.set["skip"] {
+			return conn.explain(orderSkip(ctx, conn.orders, key, inv.skip, out, stderr))
+		}
+		return conn.explain(orderShow(ctx, conn.orders, key, inv.givenKey(), out))
 	default: // resume
 		return conn.explain(resume(ctx, conn.rates, key, inv.givenKey(), out, stderr))
 	}
 }
 
-const usage = `asynqmutex shows and releases the Redis locks of asynqmutex (package mutex), and
-shows, pauses and resumes its rate limits (package ratelimit).
+const usage = `asynqmutex shows and releases the Redis locks of asynqmutex (package mutex),
+shows, pauses and resumes its rate limits (package ratelimit), and shows the order
+of a key's tasks (package order).
 
 Usage:
   asynqmutex [flags] list
@@ -121,6 +127,7 @@ Usage:
   asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
   asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
   asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] order [--skip N] KEY | --task TYPE [VALUE...]
   asynqmutex help
 
 Commands:
@@ -140,6 +147,11 @@ Commands:
            Redis remembers for the key unless --every and --burst give it (needed
            for a key Redis remembers no start of). A longer hold stays.
   resume   end a key's pause now; starts already taken keep their times
+  order    a key's order (InOrder, package order): the place whose turn it is,
+           the task that holds it (ID, queue, how long ago it took its place),
+           places taken and not finished, places skipped. With --skip N, move
+           the key past its next place N, whose task will not come (the workers
+           do so themselves by docs/order.md's rules)
 
 Keys:
   KEY is the key the lock was taken on; for the middleware the JSON array of the
@@ -167,12 +179,13 @@ Flags (before or after the command):
                          (default "asynqmutex:")
       --json             print one JSON document: durations in ms, RFC 3339 times
       --force            release: take the lock from its holder
-      --task TYPE        show, release, rate, pause, resume: the key of a task
+      --task TYPE        show, release, rate, pause, resume, order: the key of a task
                          of type TYPE
       --for D            pause: how long (30s, 5m)
       --every D          pause: the key's spacing of starts (100ms; 1m/N for
                          N a minute)
       --burst N          pause: the key's burst (default 1 with --every)
+      --skip N           order: move the key past its next place, N
   -h, --help             print this help
 
 Environment:
@@ -180,7 +193,7 @@ Environment:
              rediss:// for TLS. Flags given explicitly override it.
 
 Exit status: 0 success (show of a free key and rate of an unknown one
-included), 1 Redis unreachable or failing, or nothing to release or resume,
+included), 1 Redis unreachable or failing, or nothing to release, resume or skip,
 2 usage error.
 
 Examples:
@@ -194,4 +207,6 @@ Examples:
   asynqmutex rate --task payment:capture c-42
   asynqmutex pause --for 30s --task payment:capture c-42
   asynqmutex resume --task payment:capture c-42
+  asynqmutex order --task transfer acct-7
+  asynqmutex order --skip 2 --task transfer acct-7
 `

@@ -353,7 +353,7 @@ func TestRateUsage(t *testing.T) {
 		{[]string{"pause", "--for", "1s", "--force", "k", uri}, "--force goes with release only"},
 		{[]string{"rate", "--for", "1s", "k", uri}, "--for goes with pause only"},
 		{[]string{"show", "--every", "1s", "k", uri}, "--every goes with pause only"},
-		{[]string{"ratez"}, "the commands are list, show, release, rates, rate, pause and resume"},
+		{[]string{"ratez"}, "the commands are list, show, release, rates, rate, pause, resume and order"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/order"
 	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
@@ -27,6 +28,7 @@ type conn struct {
 	rdb     redis.UniversalClient
 	locks   *mutex.Client
 	rates   *ratelimit.Limiter
+	orders  *order.Sequencer
 	cluster bool
 	tls     bool
 	where   string // the address(es), for messages; never a password
@@ -91,6 +93,7 @@ func connect(inv *invocation, env func(string) string) (*conn, error) {
 	}
 	c.locks = mutex.New(c.rdb, mutex.Prefix(inv.prefix))
 	c.rates = ratelimit.New(c.rdb, ratelimit.Prefix(inv.prefix))
+	c.orders = order.New(c.rdb, order.Prefix(inv.prefix))
 	return c, nil
 }
 

@@ -1,0 +1,663 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/order"
+)
+
+const orderedType = "ord:step"
+
+type orderPayload struct {
+	Key      string `json:"key"`
+	Producer int    `json:"producer"`
+	Seq      int    `json:"seq"` // the producer's count of its tasks of the key
+}
+
+func (p orderPayload) name() string { return fmt.Sprintf("%s/p%d/%d", p.Key, p.Producer, p.Seq) }
+
+// orderLog records the handler runs of an ordered workload: per key, the tasks whose
+// runs succeeded, in the order the runs began, and the enqueue calls' stamps on one
+// logical clock, so that order can be judged by what the producers saw alone.
+type orderLog struct {
+	clock atomic.Int64
+
+	mu        sync.Mutex
+	stamps    map[string][2]int64 // per task: the clock before and after its Enqueue
+	runs      map[string][]string // per key: the tasks whose runs succeeded, by start
+	succeeded map[string]int      // per task
+	failed    int                 // runs that returned the injected failure
+	running   map[string]int      // per key: runs under way
+	keysAtMax int                 // the most keys with a run under way at once
+	events    []asynqmutex.Event
+}
+
+func newOrderLog() *orderLog {
+	return &orderLog{stamps: map[string][2]int64{}, runs: map[string][]string{}, succeeded: map[string]int{}, running: map[string]int{}}
+}
+
+func (l *orderLog) observe(_ context.Context, e asynqmutex.Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+func (l *orderLog) eventsOf(op asynqmutex.Op) []asynqmutex.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []asynqmutex.Event
+	for _, e := range l.events {
+		if e.Op == op {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// enqueue stamps the call enq that enqueues the task p.
+func (l *orderLog) enqueue(p orderPayload, enq func() error) error {
+	before := l.clock.Add(1)
+	err := enq()
+	after := l.clock.Add(1)
+	l.mu.Lock()
+	l.stamps[p.name()] = [2]int64{before, after}
+	l.mu.Unlock()
+	return err
+}
+
+// failsOnce is the injected transient failure: one task in ten fails its first run.
+func failsOnce(p orderPayload) bool {
+	h := fnv.New32a()
+	h.Write([]byte(p.name()))
+	return h.Sum32()%10 == 0
+}
+
+var errInjected = errors.New("injected transient failure")
+
+// handler runs for a random 0-3ms, and fails the first run of the tasks failsOnce
+// picks.
+func (l *orderLog) handler(ctx context.Context, t *asynq.Task) error {
+	var p orderPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return err
+	}
+	retried, _ := asynq.GetRetryCount(ctx)
+	l.mu.Lock()
+	l.running[p.Key]++
+	l.keysAtMax = max(l.keysAtMax, len(l.running))
+	l.mu.Unlock()
+	time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+	fail := failsOnce(p) && retried == 0
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.running[p.Key]--; l.running[p.Key] == 0 {
+		delete(l.running, p.Key)
+	}
+	if fail {
+		l.failed++
+		return errInjected
+	}
+	l.runs[p.Key] = append(l.runs[p.Key], p.name())
+	l.succeeded[p.name()]++
+	return nil
+}
+
+// outOfOrder counts, per key, the pairs of runs in the wrong order: a task that ran
+// after another although its Enqueue had returned before the other's began.
+func (l *orderLog) outOfOrder() (int, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, first := 0, ""
+	for key, runs := range l.runs {
+		for i := range runs {
+			for j := i + 1; j < len(runs); j++ {
+				if l.stamps[runs[j]][1] < l.stamps[runs[i]][0] {
+					if n == 0 {
+						first = fmt.Sprintf("key %s: %s ran before %s, which was enqueued first", key, runs[i], runs[j])
+					}
+					n++
+				}
+			}
+		}
+	}
+	return n, first
+}
+
+func (l *orderLog) done() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.succeeded {
+		n += c
+	}
+	return n
+}
+
+// orderedWorkload enqueues keys x perKey tasks with 2 producers that share every
+// key, while 4 asynq servers run them, and waits for every task to succeed. With
+// ordered, the producers use Producer.Enqueue and the middleware InOrder; without,
+// plain Enqueue and the lock alone.
+func orderedWorkload(t *testing.T, ordered bool, keys, perKey int) *orderLog {
+	e := newEnv(t)
+	log := newOrderLog()
+	const producers, servers = 2, 4
+	newSeq := func() *order.Sequencer {
+		return order.New(redis.NewClient(&redis.Options{Addr: e.redis.Addr()}))
+	}
+	opts := func(seq *order.Sequencer, insp *asynq.Inspector) []asynqmutex.Option {
+		o := []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+			// A wait that covers a failed task's return (its retry comes within about a
+			// second), so that successors seldom go back to the queue.
+			asynqmutex.MaxWait(3 * time.Second), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
+			asynqmutex.Observe(log.observe)}
+		if ordered {
+			o = append(o, asynqmutex.InOrder(seq, insp))
+		}
+		return o
+	}
+	for range servers {
+		locks, _ := newLocks(t, e.opt)
+		mux := asynq.NewServeMux()
+		mux.HandleFunc(orderedType, log.handler)
+		mux.Use(asynqmutex.Middleware(locks, opts(newSeq(), newInspector(t, e.opt))...))
+		startServer(t, e.opt, asynqmutex.Configure(asynq.Config{
+			Concurrency:    8,
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second },
+		}), mux)
+	}
+	var wg sync.WaitGroup
+	for pr := range producers {
+		client := newClient(t, e.opt)
+		var prod *asynqmutex.Producer
+		if ordered {
+			// A producer asks asynq nothing: it needs no TaskLookup.
+			prod = asynqmutex.NewProducer(client, opts(newSeq(), nil)...)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := range perKey / producers {
+				for k := range keys {
+					p := orderPayload{Key: fmt.Sprintf("k%02d", k), Producer: pr, Seq: seq}
+					task := asynq.NewTask(orderedType, payload(t, p))
+					err := log.enqueue(p, func() error {
+						var err error
+						if prod != nil {
+							_, err = prod.Enqueue(context.Background(), task, asynq.MaxRetry(3))
+						} else {
+							_, err = client.Enqueue(task, asynq.MaxRetry(3))
+						}
+						return err
+					})
+					if err != nil {
+						t.Errorf("Enqueue(%s): %v", p.name(), err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := keys * perKey
+	waitFor(t, 45*time.Second, fmt.Sprintf("%d tasks to succeed", total), func() (bool, string) {
+		n := log.done()
+		return n >= total, fmt.Sprintf("%d succeeded", n)
+	})
+	return log
+}
+
+// TestOrderPerKey: 20 keys x 50 tasks, enqueued by 2 producers that share every key,
+// run by 4 servers with handlers of random short delays, one task in ten failing its
+// first run and retried: each key's handler sees its tasks in enqueue order, each
+// exactly once on success, and keys run in parallel. Without order, the same
+// workload runs tasks out of order (the positive control).
+//
+// Not parallel with the package's other tests: its thousands of tasks would take the
+// CPU from those that time a drain against its ideal.
+func TestOrderPerKey(t *testing.T) {
+	const keys, perKey = 20, 50
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	t.Run("ordered", func(t *testing.T) {
+		t.Parallel()
+		start := time.Now()
+		log := orderedWorkload(t, true, keys, perKey)
+		if n, first := log.outOfOrder(); n > 0 {
+			t.Errorf("%d pairs ran out of enqueue order; first: %s", n, first)
+		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		for name, n := range log.succeeded {
+			if n != 1 {
+				t.Errorf("task %s succeeded %d times, want 1", name, n)
+			}
+		}
+		if len(log.succeeded) != keys*perKey {
+			t.Errorf("%d tasks succeeded, want %d", len(log.succeeded), keys*perKey)
+		}
+		if log.failed == 0 {
+			t.Errorf("no injected failure happened; the test did not test retries")
+		}
+		if log.keysAtMax < 2 {
+			t.Errorf("at most %d key ran at once, want keys in parallel", log.keysAtMax)
+		}
+		var skipped, outOfOrder int
+		for _, e := range log.events {
+			switch e.Op {
+			case asynqmutex.OpOrderSkipped:
+				skipped++
+			case asynqmutex.OpOutOfOrder:
+				outOfOrder++
+			}
+		}
+		if skipped+outOfOrder > 0 {
+			t.Errorf("%d places skipped and %d tasks run out of order, want none", skipped, outOfOrder)
+		}
+		t.Logf("ordered: %d tasks in %v, %d injected failures, up to %d keys at once, %d events",
+			keys*perKey, time.Since(start).Round(time.Millisecond), log.failed, log.keysAtMax, len(log.events))
+	})
+	t.Run("control without order", func(t *testing.T) {
+		t.Parallel()
+		log := orderedWorkload(t, false, keys, perKey)
+		n, first := log.outOfOrder()
+		if n == 0 {
+			t.Fatalf("without InOrder every key ran in enqueue order; the checker would not see a violation")
+		}
+		t.Logf("without order: %d pairs out of order; first: %s", n, first)
+	})
+}
+
+// gapEnv is one server's worth of an ordered key whose tasks a test enqueues before
+// any worker runs, so that it can make a gap among them first.
+type gapEnv struct {
+	*env
+	log   *orderLog
+	seq   *order.Sequencer
+	prod  *asynqmutex.Producer
+	opts  []asynqmutex.Option
+	ids   []string
+	grace time.Duration
+}
+
+func newGapEnv(t *testing.T, grace time.Duration) *gapEnv {
+	e := newEnv(t)
+	g := &gapEnv{env: e, log: newOrderLog(), grace: grace}
+	g.seq = order.New(e.rdb)
+	g.opts = []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+		asynqmutex.InOrder(g.seq, e.insp), asynqmutex.OrderGrace(grace),
+		asynqmutex.MaxWait(2 * grace), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
+		asynqmutex.Observe(g.log.observe)}
+	g.prod = asynqmutex.NewProducer(e.cli, g.opts...)
+	return g
+}
+
+// enqueue enqueues task seq of key k.
+func (g *gapEnv) enqueue(t *testing.T, seq int, opts ...asynq.Option) string {
+	t.Helper()
+	p := orderPayload{Key: "k", Seq: seq}
+	info, err := g.prod.Enqueue(context.Background(), asynq.NewTask(orderedType, payload(t, p)), opts...)
+	if err != nil {
+		t.Fatalf("Enqueue(%d): %v", seq, err)
+	}
+	g.ids = append(g.ids, info.ID)
+	return info.ID
+}
+
+// start runs a server with handler h (the log's by default).
+func (g *gapEnv) start(t *testing.T, h asynq.HandlerFunc) time.Time {
+	if h == nil {
+		h = g.log.handler
+	}
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(orderedType, h)
+	mux.Use(asynqmutex.Middleware(g.locks, g.opts...))
+	startServer(t, g.opt, asynqmutex.Configure(asynq.Config{
+		Concurrency:    4,
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second },
+	}), mux)
+	return time.Now()
+}
+
+// ran waits for want successful runs and returns them in order.
+func (g *gapEnv) ran(t *testing.T, want int, within time.Duration) []string {
+	t.Helper()
+	waitFor(t, within, fmt.Sprintf("%d runs", want), func() (bool, string) {
+		n := g.log.done()
+		return n >= want, fmt.Sprintf("%d runs", n)
+	})
+	g.log.mu.Lock()
+	defer g.log.mu.Unlock()
+	return slices.Clone(g.log.runs["k"])
+}
+
+func names(seqs ...int) []string {
+	out := make([]string, len(seqs))
+	for i, s := range seqs {
+		out[i] = orderPayload{Key: "k", Seq: s}.name()
+	}
+	return out
+}
+
+// skips returns the reasons of the OpOrderSkipped events, by place.
+func (g *gapEnv) skips() map[int64]string {
+	out := map[int64]string{}
+	for _, e := range g.log.eventsOf(asynqmutex.OpOrderSkipped) {
+		var ge *asynqmutex.GapError
+		if errors.As(e.Err, &ge) {
+			out[ge.Place] = ge.Reason
+		}
+	}
+	return out
+}
+
+// TestOrderGaps: a key never waits for a task that is gone. Each case makes place 2
+// of five a gap and checks that the other four run in order, that the key moved past
+// place 2 for the documented reason, and within the documented bound.
+func TestOrderGaps(t *testing.T) {
+	t.Parallel()
+	const grace = time.Second
+	// The bound of the rules that wait out the grace: the grace, plus a retry's
+	// return (RetryLater(1s) and asynq's whole seconds) should a task meet the gap
+	// at the end of its wait.
+	const graceBound = grace + 3*time.Second
+
+	t.Run("deleted by an operator", func(t *testing.T) {
+		t.Parallel()
+		g := newGapEnv(t, grace)
+		for i := range 5 {
+			g.enqueue(t, i)
+		}
+		if err := g.insp.DeleteTask("default", g.ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		taken := time.Now()
+		g.start(t, nil)
+		if got, want := g.ran(t, 4, 10*graceBound), names(0, 2, 3, 4); !slices.Equal(got, want) {
+			t.Fatalf("runs %v, want %v", got, want)
+		}
+		elapsed := time.Since(taken)
+		if got := g.skips(); got[2] != "missing" || len(got) != 1 {
+			t.Errorf("skipped places %v, want place 2 for missing", got)
+		}
+		if elapsed < grace || elapsed > graceBound {
+			t.Errorf("the key moved on after %v, want after the grace of %v and within %v", elapsed, grace, graceBound)
+		}
+	})
+
+	t.Run("archived after its retries", func(t *testing.T) {
+		t.Parallel()
+		g := newGapEnv(t, grace)
+		for i := range 5 {
+			opts := []asynq.Option{}
+			if i == 1 {
+				opts = append(opts, asynq.MaxRetry(1))
+			}
+			g.enqueue(t, i, opts...)
+		}
+		var tries atomic.Int32
+		start := g.start(t, func(ctx context.Context, task *asynq.Task) error {
+			if info, _ := asynq.GetTaskID(ctx); info == g.ids[1] {
+				tries.Add(1)
+				return errors.New("always fails")
+			}
+			return g.log.handler(ctx, task)
+		})
+		if got, want := g.ran(t, 4, 20*time.Second), names(0, 2, 3, 4); !slices.Equal(got, want) {
+			t.Fatalf("runs %v, want %v", got, want)
+		}
+		// Its last try failing moves the key on at once: no grace is waited out,
+		// only asynq's retry of the first failure (about a second).
+		if elapsed := time.Since(start); elapsed > 4*time.Second {
+			t.Errorf("the key moved on after %v, want about the one retry's delay", elapsed)
+		}
+		if got := g.skips(); got[2] != "failed" || len(got) != 1 {
+			t.Errorf("skipped places %v, want place 2 for failed", got)
+		}
+		if n := tries.Load(); n != 2 {
+			t.Errorf("the failing task ran %d times, want 2 (MaxRetry(1))", n)
+		}
+		waitState(t, g.insp, "default", g.ids[1], asynq.TaskStateArchived, 5*time.Second)
+	})
+
+	t.Run("archived by an operator", func(t *testing.T) {
+		t.Parallel()
+		g := newGapEnv(t, grace)
+		for i := range 5 {
+			g.enqueue(t, i)
+		}
+		if err := g.insp.ArchiveTask("default", g.ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		taken := time.Now()
+		g.start(t, nil)
+		if got, want := g.ran(t, 4, 10*graceBound), names(0, 2, 3, 4); !slices.Equal(got, want) {
+			t.Fatalf("runs %v, want %v", got, want)
+		}
+		if elapsed := time.Since(taken); elapsed > graceBound {
+			t.Errorf("the key moved on after %v, want within %v", elapsed, graceBound)
+		}
+		if got := g.skips(); got[2] != "archived" || len(got) != 1 {
+			t.Errorf("skipped places %v, want place 2 for archived", got)
+		}
+		// Run again from the archive, the task runs late, outside the order.
+		if err := g.insp.RunTask("default", g.ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		if got := g.ran(t, 5, 10*time.Second); got[4] != names(1)[0] {
+			t.Fatalf("runs %v, want task 1 last", got)
+		}
+		if n := len(g.log.eventsOf(asynqmutex.OpOutOfOrder)); n != 1 {
+			t.Errorf("%d OpOutOfOrder events, want 1 for the task run from the archive", n)
+		}
+	})
+
+	t.Run("producer killed between taking a place and enqueuing", func(t *testing.T) {
+		t.Parallel()
+		g := newGapEnv(t, grace)
+		g.enqueue(t, 0)
+		// What Producer.Enqueue does before it enqueues, done by a producer that then
+		// dies: a place taken for a task that never comes.
+		key, err := g.prod.Key(context.Background(), asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k"})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.seq.Take(context.Background(), key, "default", "never-enqueued"); err != nil {
+			t.Fatal(err)
+		}
+		taken := time.Now()
+		for i := 2; i < 5; i++ {
+			g.enqueue(t, i)
+		}
+		g.start(t, nil)
+		if got, want := g.ran(t, 4, 10*graceBound), names(0, 2, 3, 4); !slices.Equal(got, want) {
+			t.Fatalf("runs %v, want %v", got, want)
+		}
+		elapsed := time.Since(taken)
+		if got := g.skips(); got[2] != "missing" || len(got) != 1 {
+			t.Errorf("skipped places %v, want place 2 for missing", got)
+		}
+		if elapsed < grace || elapsed > graceBound {
+			t.Errorf("the key moved on after %v, want after the grace of %v and within %v", elapsed, grace, graceBound)
+		}
+		// The last task finishes its place after its handler returned.
+		waitFor(t, 5*time.Second, "the key's last place finished, one skipped", func() (bool, string) {
+			st, err := g.seq.Inspect(context.Background(), key)
+			return err == nil && st.Next == 6 && st.Last == 5 && st.Skipped == 1, fmt.Sprintf("%+v, %v", st, err)
+		})
+	})
+
+	t.Run("enqueue refused", func(t *testing.T) {
+		t.Parallel()
+		g := newGapEnv(t, time.Minute) // a gap waited out would fail the test's bound
+		g.enqueue(t, 0, asynq.Unique(time.Minute))
+		ctx := context.Background()
+		// asynq refuses a duplicate of a unique task: its place is given up.
+		dup := asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k", Seq: 0}))
+		if _, err := g.prod.Enqueue(ctx, dup, asynq.Unique(time.Minute)); !errors.Is(err, asynq.ErrDuplicateTask) {
+			t.Fatalf("Enqueue of a duplicate = %v, want asynq.ErrDuplicateTask", err)
+		}
+		// A task ID asynq holds: the place Take gives back is that task's, and stays so.
+		again := asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k", Seq: 9}))
+		if _, err := g.prod.Enqueue(ctx, again, asynq.TaskID(g.ids[0])); !errors.Is(err, asynq.ErrTaskIDConflict) {
+			t.Fatalf("Enqueue with a taken ID = %v, want asynq.ErrTaskIDConflict", err)
+		}
+		for i := 2; i < 5; i++ {
+			g.enqueue(t, i)
+		}
+		g.start(t, nil)
+		if got, want := g.ran(t, 4, 10*time.Second), names(0, 2, 3, 4); !slices.Equal(got, want) {
+			t.Fatalf("runs %v, want %v", got, want)
+		}
+		key, _ := g.prod.Key(ctx, dup)
+		waitFor(t, 5*time.Second, "the key's last place finished", func() (bool, string) {
+			st, err := g.seq.Inspect(ctx, key)
+			return err == nil && st.Next == 6 && st.Last == 5 && st.Skipped == 1, fmt.Sprintf("%+v, %v", st, err)
+		})
+	})
+}
+
+// TestOrderTaskWithoutPlace: a task enqueued without the Producer runs under the lock
+// alone, reported.
+func TestOrderTaskWithoutPlace(t *testing.T) {
+	t.Parallel()
+	g := newGapEnv(t, time.Second)
+	g.env.enqueue(t, orderedType, payload(t, orderPayload{Key: "k"}))
+	g.start(t, nil)
+	g.ran(t, 1, 10*time.Second)
+	waitFor(t, 5*time.Second, "an OpOutOfOrder event", func() (bool, string) {
+		n := len(g.log.eventsOf(asynqmutex.OpOutOfOrder))
+		return n == 1, fmt.Sprintf("%d events", n)
+	})
+}
+
+// TestOrderLastTryWaits: tasks with no retry left, which asynq would archive if sent
+// back, wait for their turn while the task ahead is delayed (ProcessIn), and run in
+// order once it has run. The delayed task also shows that a delay holds back the
+// key's later tasks rather than letting them pass.
+func TestOrderLastTryWaits(t *testing.T) {
+	t.Parallel()
+	// A short grace: the delayed task is past it, so that only its being a last try
+	// keeps the others waiting.
+	g := newGapEnv(t, 100*time.Millisecond)
+	// asynq keeps a task's time in whole seconds, so it may run up to a second early.
+	const delay = 2 * time.Second
+	start := time.Now()
+	g.enqueue(t, 0, asynq.MaxRetry(0), asynq.ProcessIn(delay))
+	for i := 1; i < 4; i++ {
+		g.enqueue(t, i, asynq.MaxRetry(0))
+	}
+	g.start(t, nil)
+	if got, want := g.ran(t, 4, 10*time.Second), names(0, 1, 2, 3); !slices.Equal(got, want) {
+		t.Fatalf("runs %v, want %v", got, want)
+	}
+	if elapsed := time.Since(start); elapsed < delay-time.Second {
+		t.Errorf("all ran after %v, before the first task's delay of %v (less asynq's second)", elapsed, delay)
+	}
+	for _, id := range g.ids {
+		if info, err := g.insp.GetTaskInfo("default", id); err == nil && info.State == asynq.TaskStateArchived {
+			t.Errorf("task %s archived: %s", id, info.LastErr)
+		}
+	}
+}
+
+// countHook counts the commands a redis client sends (a pipeline counts once).
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestOrderCosts counts the round trips order adds: per task, one on the producer's
+// side (take) and two on the worker's (enter, finish), when each task finds its turn
+// come; none for a task of a type without order.
+func TestOrderCosts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var prodCalls, workCalls countHook
+	newSeq := func(h *countHook) *order.Sequencer {
+		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
+		rdb.AddHook(h)
+		t.Cleanup(func() { rdb.Close() })
+		return order.New(rdb)
+	}
+	log := newOrderLog()
+	opts := func(seq *order.Sequencer, insp *asynq.Inspector) []asynqmutex.Option {
+		return []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+			asynqmutex.InOrder(seq, insp), asynqmutex.MaxWait(5 * time.Second)}
+	}
+	prod := asynqmutex.NewProducer(e.cli, opts(newSeq(&prodCalls), nil)...)
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(orderedType, log.handler)
+	mux.HandleFunc("plain", func(context.Context, *asynq.Task) error { return nil })
+	mux.Use(asynqmutex.Middleware(e.locks, opts(newSeq(&workCalls), e.insp)...))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 1}), mux)
+
+	enqueue := func(seq int) {
+		t.Helper()
+		p := orderPayload{Key: "k", Producer: 7, Seq: seq}
+		if failsOnce(p) {
+			t.Fatalf("task %s would fail", p.name())
+		}
+		if _, err := prod.Enqueue(context.Background(), asynq.NewTask(orderedType, payload(t, p))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One task first, so that the scripts are loaded before the count.
+	enqueue(0)
+	waitFor(t, 10*time.Second, "the first task", func() (bool, string) { return log.done() == 1, fmt.Sprint(log.done()) })
+	const n = 5
+	p0, w0 := prodCalls.n.Load(), workCalls.n.Load()
+	seqs := []int{}
+	for s := 1; len(seqs) < n; s++ {
+		if !failsOnce(orderPayload{Key: "k", Producer: 7, Seq: s}) {
+			seqs = append(seqs, s)
+		}
+	}
+	// One at a time, so that each finds its turn come (the injected failures spared).
+	for i, s := range seqs {
+		enqueue(s)
+		waitFor(t, 10*time.Second, "the task to run", func() (bool, string) { return log.done() >= i+2, fmt.Sprint(log.done()) })
+		// Its place is finished after its handler returned.
+		waitFor(t, 5*time.Second, "its place finished", func() (bool, string) {
+			d := workCalls.n.Load() - w0
+			return d >= int64(2*(i+1)), fmt.Sprint(d)
+		})
+	}
+	e.enqueue(t, "plain", nil)
+	waitFor(t, 10*time.Second, "the plain task to complete", func() (bool, string) {
+		q, err := e.insp.GetQueueInfo("default")
+		return err == nil && q.Pending == 0 && q.Active == 0, fmt.Sprint(q, err)
+	})
+	if got := prodCalls.n.Load() - p0; got != n {
+		t.Errorf("producer: %d round trips for %d tasks, want %d", got, n, n)
+	}
+	if got := workCalls.n.Load() - w0; got != 2*n {
+		t.Errorf("worker: %d round trips for %d ordered tasks and a plain one, want %d", got, n, 2*n)
+	}
+	t.Logf("order's round trips for %d tasks: producer %d, worker %d", n, prodCalls.n.Load()-p0, workCalls.n.Load()-w0)
+}

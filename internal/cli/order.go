@@ -1,0 +1,114 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/asynqmutex/asynqmutex/order"
+)
+
+// The order command shows a key's order: what package order keeps for the
+// middleware's InOrder, through its Sequencer.
+
+// orderJSON is order's --json document.
+type orderJSON struct {
+	Key      string           `json:"key"`
+	RedisKey string           `json:"redis_key"`
+	Ordered  bool             `json:"ordered"` // the key has a sequence
+	Epoch    string           `json:"epoch,omitempty"`
+	Next     int64            `json:"next"`
+	Last     int64            `json:"last"`
+	Waiting  int64            `json:"waiting"` // places taken and not finished
+	Skipped  int64            `json:"skipped"`
+	Holder   *orderHolderJSON `json:"holder,omitempty"`
+}
+
+type orderHolderJSON struct {
+	TaskID    string `json:"task_id"`
+	Queue     string `json:"queue"`
+	AgeMS     int64  `json:"age_ms"`
+	Abandoned bool   `json:"abandoned,omitempty"`
+}
+
+// orderShow prints key's order: its next place and the task that holds it.
+func orderShow(ctx context.Context, seq *order.Sequencer, key, given string, p *printer) error {
+	st, err := seq.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	if p.json {
+		doc := orderJSON{Key: key, RedisKey: st.RedisKey, Ordered: st.Epoch != "", Epoch: st.Epoch,
+			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped}
+		if st.Waiting() > 0 && st.Holder.TaskID != "" {
+			doc.Holder = &orderHolderJSON{TaskID: st.Holder.TaskID, Queue: st.Holder.Queue,
+				AgeMS: st.Holder.Age.Milliseconds(), Abandoned: st.Holder.Abandoned}
+		}
+		return p.encode(doc)
+	}
+	field := func(label, format string, args ...any) {
+		fmt.Fprintf(p.w, "%-13s"+format+"\n", append([]any{label}, args...)...)
+	}
+	if given != "" && given != key {
+		field("Key:", "%s (given as %s, read as the middleware writes it)", printable(key), printable(given))
+	} else {
+		field("Key:", "%s", printable(key))
+	}
+	if st.Epoch == "" {
+		field("State:", "not ordered: no task of this key took a place under prefix %s (or its order was idle for %s and forgotten)",
+			strconv.Quote(p.prefix), human(order.IdleKeep))
+		return nil
+	}
+	switch w := st.Waiting(); {
+	case w == 0:
+		field("Next place:", "%d; every place taken is finished", st.Next)
+	default:
+		field("Next place:", "%d of %d taken: %d %s not finished", st.Next, st.Last, w, plural(int(w), "place", "places"))
+		h := st.Holder
+		switch {
+		case h.TaskID == "":
+			field("Waits for:", "no task recorded for the place")
+		case h.Abandoned:
+			field("Waits for:", "task %s in queue %s, never enqueued (its producer gave the place up); the key moves past it",
+				printable(h.TaskID), printable(h.Queue))
+		default:
+			field("Waits for:", "task %s in queue %s, which took its place %s ago", printable(h.TaskID), printable(h.Queue), human(h.Age))
+		}
+	}
+	field("Skipped:", "%d %s moved past without their task finishing", st.Skipped, plural(int(st.Skipped), "place", "places"))
+	field("Redis key:", "%s", printable(st.RedisKey))
+	return nil
+}
+
+// orderSkip moves key past its next place if that is place n: as the workers do for
+// a task that is gone, for a person who knows it will not come.
+func orderSkip(ctx context.Context, seq *order.Sequencer, key string, n int64, p *printer, stderr io.Writer) error {
+	st, err := seq.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	if st.Epoch == "" || st.Next != n || st.Waiting() == 0 {
+		fmt.Fprintf(stderr, "asynqmutex: nothing skipped: the next place of %s is not %d (next %d, last taken %d); 'asynqmutex order %s' shows it\n",
+			quoteKey(key), n, st.Next, st.Last, taskArgs(key))
+		return errReported
+	}
+	next, err := seq.Finish(ctx, key, order.Place{Epoch: st.Epoch, N: n}, order.Skipped)
+	if err != nil {
+		return err
+	}
+	if next == 0 {
+		fmt.Fprintf(stderr, "asynqmutex: nothing skipped: %s moved past place %d meanwhile; 'asynqmutex order %s' shows it\n",
+			quoteKey(key), n, taskArgs(key))
+		return errReported
+	}
+	if p.json {
+		return p.encode(struct {
+			Key     string `json:"key"`
+			Skipped int64  `json:"skipped"`
+			Next    int64  `json:"next"`
+		}{key, n, next})
+	}
+	_, err = fmt.Fprintf(p.w, "Moved %s past place %d (task %s); its next place is %d.\n", quoteKey(key), n, printable(st.Holder.TaskID), next)
+	return err
+}

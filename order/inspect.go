@@ -1,0 +1,44 @@
+package order
+
+import (
+	"context"
+	"fmt"
+)
+
+// State is what Redis holds for a key's sequence, for people: a snapshot.
+type State struct {
+	Key      string // the key
+	RedisKey string // the hash that holds the sequence, and its channel (docs/protocol.md)
+	Epoch    string // when the sequence began, in µs of server time; "" for a key without one
+	// Next is the place whose turn it is, Last the last place taken: Last-Next+1
+	// places are taken and not finished (none when Next > Last).
+	Next, Last int64
+	// Skipped is how many places the key moved past without their task finishing.
+	Skipped int64
+	// Holder is the task that holds Next, while Next <= Last.
+	Holder Holder
+}
+
+// Waiting is how many places are taken and not finished.
+func (st State) Waiting() int64 { return max(st.Last-st.Next+1, 0) }
+
+// Inspect returns key's sequence, in one read-only script call. A key without one (never
+// given a place, or forgotten after IdleKeep) has a zero State but for Key and
+// RedisKey. Safe for concurrent use.
+func (s *Sequencer) Inspect(ctx context.Context, key string) (State, error) {
+	rkey := redisKey(s.prefix, key)
+	st := State{Key: key, RedisKey: rkey}
+	res, err := s.run.Run(ctx, inspectScript, []string{rkey}).Slice()
+	if err != nil {
+		return st, fmt.Errorf("order: inspect %s: %w", show(key), err)
+	}
+	if len(res) != 6 {
+		return st, fmt.Errorf("order: inspect %s: unexpected reply %v", show(key), res)
+	}
+	st.Epoch, _ = res[0].(string)
+	st.Next, st.Last, st.Skipped = number(res[1]), number(res[2]), number(res[3])
+	if rec, _ := res[4].(string); rec != "" {
+		st.Holder = holder(rec, number(res[5]))
+	}
+	return st, nil
+}

@@ -1,0 +1,69 @@
+-- finish: mark a place finished, if it is the key's next, and wake the key's waiters:
+-- it publishes the new next place, "<epoch>:<place>" as FormatPlace writes it, on the
+-- sequence's own name.
+--
+-- KEYS[1] -> the key's sequence, a hash (layout.go); also its channel
+-- ARGV[1] -> the place's epoch
+-- ARGV[2] -> the place
+-- ARGV[3] -> how: 'done' (its task finished), 'skip' (the key moves past it without
+--            its task), 'abandon' (its producer could not enqueue the task)
+--
+-- Returns the key's next place after the call, or 0 when the place was not the
+-- key's next (another call finished it, or an earlier place is not finished: then
+-- 'abandon' marks the place so that the key moves past it when its turn comes) or the
+-- key has no sequence of that epoch. The places after it that were abandoned are
+-- finished with it. A key with no place left unfinished expires after KEEP_MS.
+local key, epoch, p, how = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local got = redis.call('HMGET', key, EPOCH, NEXT)
+if got[1] ~= epoch then
+  return 0
+end
+local nxt = tonumber(got[2])
+if p ~= nxt then
+  if how == 'abandon' and p > nxt then
+    local rec = redis.call('HGET', key, p)
+    if rec and string.sub(rec, 1, #ABANDONED + 1) ~= ABANDONED .. ' ' then
+      redis.call('HSET', key, p, ABANDONED .. ' ' .. rec)
+    end
+  end
+  return 0
+end
+local last = tonumber(redis.call('HGET', key, LAST))
+local skipped = 0
+if how ~= 'done' then
+  skipped = 1
+end
+-- finish drops the record of place n and its task's index.
+local function finish(n)
+  local rec = redis.call('HGET', key, n)
+  if rec then
+    local id = string.match(rec, '^[^ ]+ [^ ]+ (.*)$')
+    if string.sub(rec, 1, #ABANDONED + 1) == ABANDONED .. ' ' then
+      id = string.match(string.sub(rec, #ABANDONED + 2), '^[^ ]+ [^ ]+ (.*)$')
+    end
+    if id then
+      redis.call('HDEL', key, IDP .. id)
+    end
+    redis.call('HDEL', key, n)
+  end
+end
+finish(p)
+nxt = p + 1
+while nxt <= last do
+  local rec = redis.call('HGET', key, nxt)
+  if not rec or string.sub(rec, 1, #ABANDONED + 1) ~= ABANDONED .. ' ' then
+    break
+  end
+  finish(nxt)
+  skipped = skipped + 1
+  nxt = nxt + 1
+end
+redis.call('HSET', key, NEXT, nxt)
+if skipped > 0 then
+  redis.call('HINCRBY', key, SKIPPED, skipped)
+end
+if nxt > last then
+  redis.call('PEXPIRE', key, KEEP_MS)
+end
+redis.call('PUBLISH', key, epoch .. ':' .. int(nxt))
+return nxt

@@ -1,0 +1,14 @@
+-- inspect: a key's sequence, for people.
+--
+-- KEYS[1] -> the key's sequence, a hash (layout.go)
+--
+-- Returns {epoch, next, last, skipped, record, now}: the sequence's fields ('' and
+-- zeros when the key has none), the record of the next place ('' if none), and the
+-- server's time.
+local key = KEYS[1]
+local got = redis.call('HMGET', key, EPOCH, NEXT, LAST, SKIPPED)
+local rec = ''
+if got[2] then
+  rec = redis.call('HGET', key, got[2]) or ''
+end
+return {got[1] or '', tonumber(got[2]) or 0, tonumber(got[3]) or 0, tonumber(got[4]) or 0, rec, int(now())}

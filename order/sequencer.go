@@ -1,0 +1,343 @@
+package order
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/internal/store"
+)
+
+// Sequencer gives tasks their places in their keys' sequences and says whose turn
+// it is, on one Redis deployment. Create it with New; it is safe for concurrent use,
+// and one per process is enough. Sequencers with the same prefix on the same Redis
+// share every key's sequence: producers and workers must use the same Redis and
+// prefix.
+type Sequencer struct {
+	run    *store.Runner // every Redis call of the Sequencer goes through it
+	prefix string
+}
+
+// Option configures a Sequencer in New.
+type Option interface{ apply(*Sequencer) }
+
+type optionFunc func(*Sequencer)
+
+func (f optionFunc) apply(s *Sequencer) { f(s) }
+
+// Prefix sets the prefix of the Redis keys and channels the Sequencer uses. The
+// default is DefaultPrefix ("asynqmutex:"). Prefix panics if p contains '{' or '}',
+// which would move a key out of its Redis Cluster hash slot.
+func Prefix(p string) Option {
+	if strings.ContainsAny(p, "{}") {
+		panic(fmt.Sprintf("order.Prefix: prefix %q must not contain '{' or '}'", p))
+	}
+	return optionFunc(func(s *Sequencer) { s.prefix = p })
+}
+
+// New returns a Sequencer that keeps its sequences in client, a single-node, Sentinel
+// failover or Cluster client. Its scripts are loaded on first use, so New does no
+// I/O. New panics if client is nil.
+func New(client redis.UniversalClient, opts ...Option) *Sequencer {
+	if client == nil {
+		panic("order.New: nil redis client")
+	}
+	s := &Sequencer{run: store.New(client), prefix: DefaultPrefix}
+	for _, o := range opts {
+		o.apply(s)
+	}
+	return s
+}
+
+// Place is a task's place in its key's sequence: the N-th place taken in the
+// sequence that began at Epoch. The zero Place is no place.
+type Place struct {
+	Epoch string // the sequence's epoch, as Take returned it
+	N     int64  // 1 for the sequence's first task
+}
+
+// String is the place as FormatPlace writes it.
+func (p Place) String() string { return FormatPlace(p) }
+
+// FormatPlace writes p as a task header carries it: "<epoch>:<n>".
+func FormatPlace(p Place) string { return p.Epoch + ":" + strconv.FormatInt(p.N, 10) }
+
+// ParsePlace reads what FormatPlace wrote; ok is false for anything else.
+func ParsePlace(s string) (p Place, ok bool) {
+	epoch, n, found := strings.Cut(s, ":")
+	if !found || epoch == "" {
+		return Place{}, false
+	}
+	v, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || v < 1 {
+		return Place{}, false
+	}
+	return Place{Epoch: epoch, N: v}, true
+}
+
+// Take gives the task with ID id, to be enqueued on queue, the next place in key's
+// sequence, and records the task as the place's holder, in one script call. The
+// place is the task's until Finish: every later place of the key waits for it. A
+// producer that cannot enqueue the task should give the place up with Finish(...,
+// Abandoned). A Take go-redis sends again after a lost reply, or a second Take for
+// an ID that holds a place not finished, returns that place. Take returns an error if
+// id or queue is empty, queue holds a space, or Redis could not be reached; a reply
+// lost for good may leave a place taken with no task, which the key moves past by
+// the rules of the caller (see docs/order.md). Safe for concurrent use.
+func (s *Sequencer) Take(ctx context.Context, key, queue, id string) (Place, error) {
+	switch {
+	case id == "":
+		return Place{}, fmt.Errorf("order: key %s: empty task ID", show(key))
+	case queue == "" || strings.Contains(queue, " "):
+		return Place{}, fmt.Errorf("order: key %s: queue %s: empty, or holds a space", show(key), shortkey.Quote(queue))
+	}
+	res, err := s.run.Run(ctx, takeScript, []string{redisKey(s.prefix, key)}, queue, id).Slice()
+	if err != nil {
+		return Place{}, fmt.Errorf("order: key %s: take: %w", show(key), err)
+	}
+	if len(res) != 2 {
+		return Place{}, fmt.Errorf("order: key %s: take: unexpected reply %v", show(key), res)
+	}
+	epoch, _ := res[0].(string)
+	n, _ := res[1].(int64)
+	if epoch == "" || n < 1 {
+		return Place{}, fmt.Errorf("order: key %s: take: unexpected reply %v", show(key), res)
+	}
+	return Place{Epoch: epoch, N: n}, nil
+}
+
+// TurnState says where a place stands in its key's sequence.
+type TurnState uint8
+
+const (
+	// TurnNow: every earlier place is finished; the place's task may run.
+	TurnNow TurnState = iota + 1
+	// TurnWait: an earlier place is not finished; Turn.Next is the first such.
+	TurnWait
+	// TurnPassed: the key moved past the place (it was finished, or skipped past).
+	TurnPassed
+	// TurnUnknown: the key has no sequence of the place's epoch: it was forgotten
+	// (idle for IdleKeep) or the place is of another key.
+	TurnUnknown
+)
+
+var turnNames = [...]string{TurnNow: "now", TurnWait: "wait", TurnPassed: "passed", TurnUnknown: "unknown"}
+
+// String returns "now", "wait", "passed" or "unknown".
+func (t TurnState) String() string {
+	if int(t) < len(turnNames) && turnNames[t] != "" {
+		return turnNames[t]
+	}
+	return "turn(" + strconv.Itoa(int(t)) + ")"
+}
+
+// Turn is the answer to Enter and Await.
+type Turn struct {
+	State TurnState
+	// Next is the key's next place: the place whose turn it is (0 for TurnUnknown).
+	Next int64
+	// With TurnWait, Holder is the task that holds the next place, as its producer
+	// recorded it; its Age is measured on the Redis server's clock.
+	Holder Holder
+}
+
+// Holder is the task that took a place.
+type Holder struct {
+	TaskID, Queue string
+	// Age is how long ago the place was taken.
+	Age time.Duration
+	// Abandoned is true when the producer gave the place up (its task was never
+	// enqueued): the key moves past it when its turn comes.
+	Abandoned bool
+}
+
+// Enter says whether place p of key may run: its Turn, in one read-only script call.
+// On error, the Turn is zero. Safe for concurrent use.
+func (s *Sequencer) Enter(ctx context.Context, key string, p Place) (Turn, error) {
+	res, err := s.run.Run(ctx, enterScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N).Slice()
+	if err != nil {
+		return Turn{}, fmt.Errorf("order: key %s: place %v: %w", show(key), p.N, err)
+	}
+	if len(res) != 4 {
+		return Turn{}, fmt.Errorf("order: key %s: place %v: unexpected reply %v", show(key), p.N, res)
+	}
+	state, _ := res[0].(string)
+	next, _ := res[1].(int64)
+	rec, _ := res[2].(string)
+	t := Turn{Next: next}
+	switch state {
+	case "turn":
+		t.State = TurnNow
+	case "wait":
+		t.State = TurnWait
+		t.Holder = holder(rec, number(res[3]))
+	case "passed":
+		t.State = TurnPassed
+	default:
+		t.State = TurnUnknown
+	}
+	return t, nil
+}
+
+func holder(rec string, now int64) Holder {
+	r, ok := parseRecord(rec)
+	if !ok {
+		return Holder{}
+	}
+	return Holder{TaskID: r.id, Queue: r.queue, Age: time.Duration(max(now-r.taken, 0)) * time.Microsecond, Abandoned: r.abandoned}
+}
+
+// How says how a place was finished, for Finish.
+type How uint8
+
+const (
+	// Done: the place's task finished: it completed, or will never run again.
+	Done How = iota + 1
+	// Skipped: the key moves past the place without its task (a gap rule, or a
+	// person's decision).
+	Skipped
+	// Abandoned: the producer could not enqueue the place's task. If an earlier
+	// place is not finished, the place is marked, and the key moves past it when its
+	// turn comes.
+	Abandoned
+)
+
+var howArgs = [...]string{Done: "done", Skipped: "skip", Abandoned: "abandon"}
+
+// Finish marks place p of key finished, if it is the key's next, and wakes the key's
+// waiters (Await), in one script call. It reports the key's next place after it, or
+// 0 when p was not the key's next (another call finished it, or, for Abandoned, an
+// earlier place is not finished) or the key has no sequence of p's epoch: then
+// nothing changed, but for Abandoned's mark. Places after p that were abandoned are
+// finished with it. Finish returns an error if how is not Done, Skipped or Abandoned
+// or Redis could not be reached; a call go-redis sends again finds the place
+// finished and returns 0. Safe for concurrent use.
+func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (int64, error) {
+	if how < Done || how > Abandoned {
+		return 0, fmt.Errorf("order: key %s: place %v: invalid How %d", show(key), p.N, how)
+	}
+	next, err := s.run.Run(ctx, finishScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, howArgs[how]).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("order: key %s: finish place %v: %w", show(key), p.N, err)
+	}
+	return next, nil
+}
+
+// Await is Enter, waiting up to maxWait while the answer is TurnWait with the same
+// next place: it listens on the key's channel, where Finish announces each new next
+// place, and asks again when one comes (no polling), unless the announcement is p
+// itself, which it returns as TurnNow without asking. It returns the first Turn that
+// differs, p's turn or a wait for a later place, so that the caller can judge the
+// task that holds it; or the last Turn when maxWait ended first. A waiting Await
+// holds one pub/sub connection. When ctx ends, it returns ctx's error. A lost
+// subscription is dialled again, and the turn asked again, within maxWait. Safe for
+// concurrent use.
+func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time.Duration) (Turn, error) {
+	t, err := s.Enter(ctx, key, p)
+	if err != nil || t.State != TurnWait || maxWait <= 0 {
+		return t, err
+	}
+	deadline := time.Now().Add(maxWait)
+	channel := redisKey(s.prefix, key)
+	ps := s.run.Subscribe(ctx)
+	defer func() { _ = ps.Close() }()
+	subscribed := false
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return t, nil
+		}
+		if !subscribed {
+			// Subscribe, and see the server confirm it, before asking again: a Finish
+			// after the question is then heard.
+			if err := ps.Subscribe(ctx, channel); err == nil {
+				if _, err := ps.ReceiveTimeout(ctx, left); err == nil {
+					subscribed = true
+				}
+			}
+			if ctx.Err() != nil {
+				return t, ctx.Err()
+			}
+			if !subscribed { // the connection failed: dial again after a pause
+				_ = ps.Close()
+				ps = s.run.Subscribe(ctx)
+				if err := sleep(ctx, min(left, resubscribeAfter)); err != nil {
+					return t, err
+				}
+				continue
+			}
+		} else {
+			msg, err := ps.ReceiveTimeout(ctx, left)
+			switch {
+			case ctx.Err() != nil:
+				return t, ctx.Err()
+			case err != nil && isTimeout(err):
+				continue // maxWait ended
+			case err != nil: // a broken connection: dial again, and ask again
+				_ = ps.Close()
+				ps, subscribed = s.run.Subscribe(ctx), false
+			default:
+				m, ok := msg.(*redis.Message)
+				if !ok {
+					continue // a pong, or a confirmation
+				}
+				if next, ok := ParsePlace(m.Payload); ok && next.Epoch == p.Epoch {
+					switch next.N {
+					case p.N: // its turn: the announcement says as much as Enter would
+						return Turn{State: TurnNow, Next: p.N}, nil
+					case t.Next:
+						continue // no news
+					}
+				}
+			}
+		}
+		nt, err := s.Enter(ctx, key, p)
+		if err != nil {
+			return t, err
+		}
+		if nt.State != TurnWait || nt.Next != t.Next {
+			return nt, nil
+		}
+	}
+}
+
+// resubscribeAfter is how long Await waits before it dials a subscription that
+// failed again.
+const resubscribeAfter = 100 * time.Millisecond
+
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// sleep waits d, or until ctx ends, returning ctx's error then.
+func sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func number(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case string:
+		x, _ := strconv.ParseInt(n, 10, 64)
+		return x
+	}
+	return 0
+}
+
+// show is key for errors: quoted, shortened past 100 bytes.
+func show(key string) string { return shortkey.Show(key) }

@@ -1,0 +1,252 @@
+package order
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestTakeGivesPlacesInOrder(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	var epoch string
+	for i := int64(1); i <= 3; i++ {
+		p, err := s.Take(ctx, key, "default", "task-"+strconv.FormatInt(i, 10))
+		if err != nil || p.N != i || (epoch != "" && p.Epoch != epoch) {
+			t.Fatalf("Take #%d = %+v, %v; want place %d of epoch %q", i, p, err, i, epoch)
+		}
+		epoch = p.Epoch
+	}
+	// A Take sent again for a task that holds a place gets that place.
+	if p, err := s.Take(ctx, key, "default", "task-2"); err != nil || p.N != 2 {
+		t.Fatalf("Take again for task-2 = %+v, %v; want place 2", p, err)
+	}
+	st, err := s.Inspect(ctx, key)
+	if err != nil || st.Next != 1 || st.Last != 3 || st.Holder.TaskID != "task-1" || st.Holder.Queue != "default" || st.Waiting() != 3 {
+		t.Fatalf("Inspect = %+v, %v; want next 1 held by task-1, last 3", st, err)
+	}
+}
+
+func TestTakeConcurrentPlacesAreDistinct(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	const n = 50
+	var wg sync.WaitGroup
+	got := make([]int64, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := s.Take(ctx, key, "q", "t"+strconv.Itoa(i))
+			if err != nil {
+				t.Errorf("Take: %v", err)
+			}
+			got[i] = p.N
+		}()
+	}
+	wg.Wait()
+	seen := map[int64]bool{}
+	for _, p := range got {
+		if p < 1 || p > n || seen[p] {
+			t.Fatalf("places %v: want each of 1..%d once", got, n)
+		}
+		seen[p] = true
+	}
+}
+
+func TestEnterAndFinish(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "default", "a")
+	p2, _ := s.Take(ctx, key, "default", "b")
+	p3, _ := s.Take(ctx, key, "default", "c")
+	check := func(p Place, want TurnState, next int64) Turn {
+		t.Helper()
+		turn, err := s.Enter(ctx, key, p)
+		if err != nil || turn.State != want || turn.Next != next {
+			t.Fatalf("Enter(%v) = %+v, %v; want %v with next %d", p.N, turn, err, want, next)
+		}
+		return turn
+	}
+	check(p1, TurnNow, 1)
+	if turn := check(p3, TurnWait, 1); turn.Holder.TaskID != "a" {
+		t.Fatalf("Enter(3).Holder = %+v, want task a", turn.Holder)
+	}
+	// Finishing a place that is not next changes nothing.
+	if n, err := s.Finish(ctx, key, p2, Done); err != nil || n != 0 {
+		t.Fatalf("Finish(2) before 1 = %d, %v; want 0", n, err)
+	}
+	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 2 {
+		t.Fatalf("Finish(1) = %d, %v; want next 2", n, err)
+	}
+	// A Finish sent again finds its place finished.
+	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 0 {
+		t.Fatalf("Finish(1) again = %d, %v; want 0", n, err)
+	}
+	check(p1, TurnPassed, 2)
+	check(p2, TurnNow, 2)
+	if n, err := s.Finish(ctx, key, p2, Skipped); err != nil || n != 3 {
+		t.Fatalf("Finish(2, Skipped) = %d, %v; want next 3", n, err)
+	}
+	check(p3, TurnNow, 3)
+	if _, err := s.Finish(ctx, key, p3, Done); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Inspect(ctx, key)
+	if err != nil || st.Next != 4 || st.Last != 3 || st.Skipped != 1 || st.Waiting() != 0 {
+		t.Fatalf("Inspect = %+v, %v; want next 4, last 3, 1 skipped", st, err)
+	}
+	// A task ID that finished may take a new place.
+	if p, err := s.Take(ctx, key, "default", "a"); err != nil || p.N != 4 {
+		t.Fatalf("Take(a) after its place finished = %+v, %v; want place 4", p, err)
+	}
+	if turn := check(Place{Epoch: "1", N: 1}, TurnUnknown, 0); turn.Holder != (Holder{}) {
+		t.Fatalf("Enter of another epoch = %+v", turn)
+	}
+}
+
+func TestAbandonedPlacesAreSkippedWhenTheirTurnComes(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	var ps []Place
+	for _, id := range []string{"a", "b", "c", "d"} {
+		p, err := s.Take(ctx, key, "default", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	// b and c could not be enqueued while a runs.
+	for _, p := range ps[1:3] {
+		if n, err := s.Finish(ctx, key, p, Abandoned); err != nil || n != 0 {
+			t.Fatalf("Finish(%d, Abandoned) = %d, %v; want 0 (a is next)", p.N, n, err)
+		}
+	}
+	if turn, _ := s.Enter(ctx, key, ps[3]); turn.State != TurnWait || turn.Holder.TaskID != "a" || turn.Holder.Abandoned {
+		t.Fatalf("Enter(d) = %+v; want a wait for a", turn)
+	}
+	if n, err := s.Finish(ctx, key, ps[0], Done); err != nil || n != 4 {
+		t.Fatalf("Finish(a) = %d, %v; want next 4, past the abandoned places", n, err)
+	}
+	if st, _ := s.Inspect(ctx, key); st.Skipped != 2 {
+		t.Fatalf("Inspect().Skipped = %d, want 2", st.Skipped)
+	}
+	// The abandoned task IDs hold no place any more.
+	if p, err := s.Take(ctx, key, "default", "b"); err != nil || p.N != 5 {
+		t.Fatalf("Take(b) = %+v, %v; want place 5", p, err)
+	}
+}
+
+func TestAwaitIsWokenByFinish(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "default", "a")
+	p2, _ := s.Take(ctx, key, "default", "b")
+	p3, _ := s.Take(ctx, key, "default", "c")
+	// The wait is long, so that a turn that comes quickly can only have been announced.
+	const maxWait = time.Minute
+	got := make(chan Turn, 1)
+	go func() {
+		// Await returns when the key's next place changes; a caller waits again for
+		// the next one, at most once per place before its own.
+		var turn Turn
+		for range 3 {
+			var err error
+			if turn, err = s.Await(ctx, key, p3, maxWait); err != nil || turn.State != TurnWait {
+				if err != nil {
+					t.Errorf("Await: %v", err)
+				}
+				break
+			}
+		}
+		got <- turn
+	}()
+	// Finish the places one by one.
+	time.Sleep(50 * time.Millisecond) // let it subscribe; its answer does not depend on it
+	start := time.Now()
+	for _, p := range []Place{p1, p2} {
+		if _, err := s.Finish(ctx, key, p, Done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case turn := <-got:
+		if turn.State != TurnNow || turn.Next != 3 {
+			t.Fatalf("Await = %+v; want its turn", turn)
+		}
+		if d := time.Since(start); d > maxWait/2 {
+			t.Fatalf("Await took %v after the finish", d)
+		}
+	case <-time.After(maxWait / 2):
+		t.Fatal("Await was not woken by Finish")
+	}
+}
+
+func TestAwaitReturnsWhenTheNextPlaceChanges(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "default", "a")
+	_, _ = s.Take(ctx, key, "default", "b")
+	p3, _ := s.Take(ctx, key, "default", "c")
+	const maxWait = time.Minute
+	got := make(chan Turn, 1)
+	go func() {
+		turn, err := s.Await(ctx, key, p3, maxWait)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- turn
+	}()
+	time.Sleep(50 * time.Millisecond) // let it subscribe; its answer does not depend on it
+	if _, err := s.Finish(ctx, key, p1, Done); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case turn := <-got:
+		if turn.State != TurnWait || turn.Next != 2 || turn.Holder.TaskID != "b" {
+			t.Fatalf("Await = %+v; want a wait for place 2, held by b", turn)
+		}
+	case <-time.After(maxWait / 2):
+		t.Fatal("Await was not woken by Finish")
+	}
+}
+
+func TestAwaitEndsAfterMaxWait(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	_, _ = s.Take(ctx, key, "default", "a")
+	p2, _ := s.Take(ctx, key, "default", "b")
+	const maxWait = 200 * time.Millisecond
+	start := time.Now()
+	turn, err := s.Await(ctx, key, p2, maxWait)
+	if d := time.Since(start); err != nil || turn.State != TurnWait || d < maxWait || d > maxWait+2*time.Second {
+		t.Fatalf("Await = %+v, %v after %v; want TurnWait after %v", turn, err, d, maxWait)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Await(cctx, key, p2, maxWait); err == nil {
+		t.Fatal("Await with an ended context = nil error")
+	}
+}
+
+func TestPlaceFormat(t *testing.T) {
+	p := Place{Epoch: "1764000000000000", N: 42}
+	if got, ok := ParsePlace(FormatPlace(p)); !ok || got != p {
+		t.Fatalf("ParsePlace(FormatPlace(%v)) = %v, %v", p, got, ok)
+	}
+	for _, bad := range []string{"", "1", ":1", "1:0", "1:x", "1:-3"} {
+		if _, ok := ParsePlace(bad); ok {
+			t.Errorf("ParsePlace(%q) ok, want not", bad)
+		}
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for _, r := range []record{{taken: 12, queue: "q", id: "a b c"}, {taken: 1, queue: "default", id: "x", abandoned: true}} {
+		if got, ok := parseRecord(r.String()); !ok || got != r {
+			t.Errorf("parseRecord(%q) = %+v, %v; want %+v", r.String(), got, ok, r)
+		}
+	}
+}

@@ -1,0 +1,302 @@
+package asynqmutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/order"
+)
+
+// PlaceHeader is the task header in which Producer.Enqueue carries a task's place in
+// its key's order (order.FormatPlace's text), and from which InOrder reads it.
+const PlaceHeader = "asynqmutex-place"
+
+// DefaultOrderGrace is how long, unless OrderGrace says otherwise, a place whose
+// task asynq does not know is waited for before its key moves past it: long enough
+// for a producer between taking the place and enqueuing the task, which takes
+// milliseconds.
+const DefaultOrderGrace = 10 * time.Second
+
+// maxOrderSteps bounds the places one task moves its key past before it runs or
+// gives up: each is a gap whose task is gone.
+const maxOrderSteps = 64
+
+// TaskLookup is what InOrder asks about the task that holds the place a key waits
+// for, to tell a task still to come from one that is gone: *asynq.Inspector is one,
+// on the asynq Redis. GetTaskInfo must return an error wrapping asynq.ErrTaskNotFound
+// or asynq.ErrQueueNotFound for a task asynq does not hold, and be safe for
+// concurrent use.
+type TaskLookup interface {
+	GetTaskInfo(queue, id string) (*asynq.TaskInfo, error)
+}
+
+// InOrder makes the tasks of a key run one at a time in the order their producer
+// enqueued them with Producer.Enqueue, on every worker that shares seq's Redis: a
+// task runs only when every task enqueued before it under its key has finished
+// (completed, or been moved past by a gap rule), and holds the key's lock while it
+// runs. Tasks of other keys run in parallel. Give producer and middleware the same
+// options (On, KeyBy, Scope, For, InOrder), so that both derive the same keys.
+//
+// A task whose turn has not come waits up to MaxWait while the task ahead of it
+// runs, woken when that task finishes (a pub/sub message, not polling); then, or at
+// once when the task ahead is queued or waits for a retry, the OnConflict policy
+// applies as for a busy key: RetryLater sends it back without spending a retry (with
+// Configure), for RetryLater's delay without backoff or jitter, or until a second
+// after the task ahead is due. Ordered keys drain quickly only with a MaxWait that
+// covers a handler's run: without one every task that meets a running predecessor
+// is sent back. A task with no retry left waits for any task ahead, up to
+// LastTryWait, and is archived if its turn has not come: give ordered tasks retries.
+//
+// A task that fails and will be retried keeps its place: the key waits for it. A task
+// that will not run again (its handler succeeded, it was skipped, or its last try
+// failed and asynq archives it) finishes its place, and the next task is woken. A key
+// never waits for a task that is gone: when a task's predecessor is not running,
+// the middleware asks tasks (asynq's Inspector) about it, and moves past it if asynq
+// holds it archived or completed, or does not hold it and its place was taken more
+// than OrderGrace ago (a producer that crashed before enqueuing it, a task an
+// operator deleted). Each move is reported to Observe as OpOrderSkipped.
+//
+// A task without a place (enqueued without Producer.Enqueue), or whose place its key
+// moved past already (run again from the archive, say), runs under the lock alone,
+// reported as OpOutOfOrder. docs/order.md states the guarantee and its limits.
+//
+// Each ordered task costs two script calls on seq's Redis beside its lock's: one to
+// ask whether its turn has come, one to finish its place. The default is no order.
+// tasks may be nil in options only NewProducer gets, since a producer asks asynq
+// nothing. InOrder panics if seq is nil; Middleware panics if tasks is nil, or if
+// InOrder is given with OnEach or KeysBy, Limit(n > 1), NoLock, or OnConflict(Skip),
+// which would complete every task whose turn has not come without running it. Under
+// Fail such a task spends a retry.
+func InOrder(seq *order.Sequencer, tasks TaskLookup) Option {
+	if seq == nil {
+		panic("asynqmutex.InOrder: nil *order.Sequencer")
+	}
+	return optionFunc(func(c *config) { c.seq, c.tasks = seq, tasks })
+}
+
+// OrderGrace sets how long InOrder waits for a place whose task asynq does not hold
+// before its key moves past it, counted from when the place was taken on the Redis
+// server's clock. It bounds how long a producer that crashed between taking a place
+// and enqueuing its task stalls the key; a producer slower than d has its task run out
+// of order. The default is DefaultOrderGrace (10 s). OrderGrace panics if d is not
+// positive; Middleware panics if it is given without InOrder.
+func OrderGrace(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("asynqmutex.OrderGrace: grace %v is not positive", d))
+	}
+	return optionFunc(func(c *config) { c.orderGrace, c.graceSet = d, true })
+}
+
+// checkOrder panics on an order configuration that cannot work; worker is false for
+// NewProducer's options.
+func (c *config) checkOrder(worker bool) {
+	switch {
+	case worker && c.seq != nil && c.tasks == nil:
+		panic("asynqmutex.Middleware: InOrder without a TaskLookup (an *asynq.Inspector): a worker asks asynq whether a task its key waits for is gone")
+	case c.graceSet && c.seq == nil:
+		panic("asynqmutex.Middleware: OrderGrace without InOrder")
+	case c.seq == nil:
+	case c.keySetBy == "OnEach" || c.keySetBy == "KeysBy":
+		panic("asynqmutex.Middleware: InOrder orders the tasks of one key; " + c.keySetBy + " gives a task several keys")
+	case c.limit > 1:
+		panic("asynqmutex.Middleware: InOrder runs the tasks of a key one at a time; Limit lets several run")
+	case c.noLock:
+		panic("asynqmutex.Middleware: InOrder holds the key's lock while a task runs; NoLock takes none")
+	case c.policy == Skip:
+		panic("asynqmutex.Middleware: InOrder with OnConflict(Skip) would complete, unrun, every task whose turn has not come")
+	}
+}
+
+// GapError is the Err of an OpOrderSkipped event: a place its key moved past without
+// its task finishing, and why.
+type GapError struct {
+	Key           string // the key, whole (see LockedError.Key)
+	Place         int64
+	TaskID, Queue string // the task that held the place, as its producer recorded it
+	// Reason is "failed" (its last try failed, or its handler asked for no retry),
+	// "archived" or "completed" (asynq holds it so), "missing" (asynq does not hold
+	// it, and its place is older than OrderGrace) or "abandoned" (its producer could
+	// not enqueue it).
+	Reason string
+}
+
+// Error names the key, the place, the task and the reason, on one line.
+func (e *GapError) Error() string {
+	return fmt.Sprintf("asynqmutex: key %s moved past place %d (task %s in queue %s): %s",
+		shortkey.Show(e.Key), e.Place, shortkey.Quote(e.TaskID), shortkey.Quote(e.Queue), e.Reason)
+}
+
+// turnWait is why an ordered task did not run: its place and the place its key
+// waits for.
+type turnWait struct {
+	place, next int64
+	holder      order.Holder
+	due         time.Time // when holder is due, if it waits for a retry or its ProcessAt
+}
+
+// placeOf reads the task's place from its headers.
+func placeOf(t *asynq.Task) (order.Place, bool) {
+	v, ok := t.Headers()[PlaceHeader]
+	if !ok {
+		return order.Place{}, false
+	}
+	return order.ParsePlace(v)
+}
+
+// inOrder runs task t on key once its turn has come, and finishes its place when it
+// will not run again.
+func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, key string, next asynq.Handler) error {
+	p, ok := placeOf(t)
+	if !ok {
+		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: t.Type(), TaskID: meta.id, Key: key, Err: errNoPlace})
+		return m.gated(ctx, t, meta, key, nil, next, 0)
+	}
+	start := time.Now()
+	lastTry := m.lastTry(meta)
+	wait := m.wait(ctx, lastTry)
+	var due time.Time
+	turn, err := m.awaitTurn(ctx, t, meta.id, key, p, wait, lastTry, &due)
+	switch {
+	case err != nil:
+		err = &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: waiting for its turn (place %d) in key %s: %s", shortkey.Quote(t.Type()), idSuffix(meta.id), p.N, shortkey.Show(key), oneLine(err)),
+			err: err,
+		}
+		m.failed(ctx, t, err)
+		return err
+	case turn.State == order.TurnWait:
+		le := &LockedError{Key: key, taskType: t.Type(), taskID: meta.id, turn: &turnWait{place: p.N, next: turn.Next, holder: turn.Holder, due: due}}
+		return m.conflict(ctx, t, meta, le, conflictInfo{op: OpOutOfTurn, start: start, wait: wait, lastTry: lastTry})
+	case turn.State != order.TurnNow:
+		why := errPlacePassed
+		if turn.State == order.TurnUnknown {
+			why = errPlaceUnknown
+		}
+		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: t.Type(), TaskID: meta.id, Key: key, Err: why})
+		return m.gated(ctx, t, meta, key, nil, next, time.Since(start))
+	}
+	err = m.gated(ctx, t, meta, key, nil, next, time.Since(start))
+	if how, reason := placeOutcome(err, meta, ctx.Err() != nil); how != 0 {
+		// The task is over: its result stands whatever Redis says, and a place Redis
+		// did not finish is moved past as a gap (its task is gone).
+		fctx := context.WithoutCancel(ctx)
+		if _, ferr := m.seq.Finish(fctx, key, p, how); ferr != nil {
+			m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it",
+				slog.String("task_type", shortkey.Shorten(t.Type())),
+				slog.String("task_id", shortkey.Shorten(meta.id)),
+				slog.String("key", shortkey.Show(key)),
+				slog.Int64("place", p.N),
+				slog.String("error", oneLine(ferr)))
+		} else if reason != "" {
+			m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: meta.id, Key: key,
+				Err: &GapError{Key: key, Place: p.N, TaskID: meta.id, Queue: meta.queue, Reason: reason}})
+		}
+	}
+	return err
+}
+
+var (
+	errNoPlace      = errors.New("asynqmutex: the task carries no place in its key's order (enqueued without Producer.Enqueue): run under the lock alone")
+	errPlacePassed  = errors.New("asynqmutex: the task's key moved past its place: run under the lock alone")
+	errPlaceUnknown = errors.New("asynqmutex: the task's key has no order of its place's epoch (forgotten, or another key's): run under the lock alone")
+)
+
+// placeOutcome says how to finish the place of a task whose turn came and that
+// returned err: order.Done when asynq deletes or completes it, order.Skipped (with
+// the reason) when asynq archives or drops it, 0 when asynq retries it (the task
+// keeps its place). A task whose context ended (ended is true) and that failed
+// keeps its place too: asynq puts back a task its server's shutdown interrupted,
+// and one it archives instead is moved past by the gap rule.
+func placeOutcome(err error, meta taskMeta, ended bool) (order.How, string) {
+	switch {
+	case err == nil:
+		return order.Done, ""
+	case ended:
+		return 0, ""
+	case errors.Is(err, asynq.SkipRetry), errors.Is(err, asynq.RevokeTask), meta.noRetryLeft():
+		return order.Skipped, "failed"
+	}
+	return 0, ""
+}
+
+// awaitTurn waits up to wait for place p of key to come, moving the key past places
+// whose task is gone (see InOrder). It waits only while the task that holds the
+// key's next place is running: one that is queued, or will be retried, comes after
+// tasks already in the queue, and waiting for it would keep worker slots from them.
+// A task on its last try (which asynq would archive if sent back) waits for any task
+// ahead. It returns the last Turn.
+//
+// dueAt is set to when that task, waiting for a retry or its ProcessAt, is due; zero
+// when it is not waiting so.
+func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key string, p order.Place, wait time.Duration, lastTry bool, dueAt *time.Time) (order.Turn, error) {
+	deadline := time.Now().Add(wait)
+	turn, err := m.seq.Enter(ctx, key, p)
+	for range maxOrderSteps {
+		if err != nil || turn.State != order.TurnWait {
+			return turn, err
+		}
+		h := turn.Holder
+		reason, running, due := m.holderState(h)
+		*dueAt = due
+		if reason != "" {
+			gap := order.Place{Epoch: p.Epoch, N: turn.Next}
+			if n, err := m.seq.Finish(ctx, key, gap, order.Skipped); err != nil {
+				return turn, err
+			} else if n > 0 {
+				m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: id, Key: key,
+					Err: &GapError{Key: key, Place: turn.Next, TaskID: h.TaskID, Queue: h.Queue, Reason: reason}})
+			}
+			turn, err = m.seq.Enter(ctx, key, p)
+			continue
+		}
+		left := time.Until(deadline)
+		young := h.Age < m.orderGrace
+		if left <= 0 || !running && !young && !lastTry {
+			return turn, nil
+		}
+		if !running && young {
+			// Its producer may be enqueuing it still: ask asynq again once the
+			// grace has passed.
+			left = min(left, m.orderGrace-h.Age)
+		}
+		turn, err = m.seq.Await(ctx, key, p, left)
+	}
+	return turn, err
+}
+
+// holderState says whether the task h that holds a key's next place is gone for
+// good, and why ("archived", "completed", "missing", "abandoned"), or else whether
+// it is running, or when it is due if it waits for a retry or its ProcessAt. A task asynq does not hold counts as missing only once its place
+// is older than OrderGrace. When asynq cannot say, the task counts as running, so
+// that a successor waits as it would without the question.
+func (m *middleware) holderState(h order.Holder) (gone string, running bool, due time.Time) {
+	if h.Abandoned {
+		return "abandoned", false, due
+	}
+	if h.TaskID == "" {
+		return "missing", false, due
+	}
+	info, err := m.tasks.GetTaskInfo(h.Queue, h.TaskID)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		if h.Age >= m.orderGrace {
+			return "missing", false, due
+		}
+		return "", false, due
+	case err != nil:
+		return "", true, due
+	case info.State == asynq.TaskStateArchived:
+		return "archived", false, due
+	case info.State == asynq.TaskStateCompleted:
+		return "completed", false, due
+	case info.State == asynq.TaskStateRetry, info.State == asynq.TaskStateScheduled:
+		due = info.NextProcessAt
+	}
+	return "", info.State == asynq.TaskStateActive, due
+}

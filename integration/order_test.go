@@ -627,9 +627,15 @@ func TestOrderCosts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// One task first, so that the scripts are loaded before the count.
+	// One task first, so that the scripts are loaded before the count; its place is
+	// finished after its handler returns, and that call must come before the count.
 	enqueue(0)
 	waitFor(t, 10*time.Second, "the first task", func() (bool, string) { return log.done() == 1, fmt.Sprint(log.done()) })
+	plainSeq := order.New(e.rdb)
+	waitFor(t, 10*time.Second, "the first task's place finished", func() (bool, string) {
+		st, err := plainSeq.Inspect(context.Background(), lockKey(t, orderedType, "k"))
+		return err == nil && st.Last > 0 && st.Waiting() == 0, fmt.Sprint(st, err)
+	})
 	const n = 5
 	p0, w0 := prodCalls.n.Load(), workCalls.n.Load()
 	seqs := []int{}

@@ -6,11 +6,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // StartReplica starts a redis-server for the test, as Start does, that replicates
-// master (--replicaof on 127.0.0.1), and returns once its link to the master is up
-// and the master counts it (it sets the master's repl-diskless-sync-delay to 0 first,
+// master (--replicaof on 127.0.0.1), and returns once its link to the master is up,
+// the master counts it, and it has acknowledged a write (it sets the master's repl-diskless-sync-delay to 0 first,
 // so that the full sync starts at once), or fails the test after 10s. args are as for Start. It is
 // safe to call from parallel tests.
 func StartReplica(t testing.TB, master *Server, args ...string) *Server {
@@ -28,7 +30,8 @@ func StartReplica(t testing.TB, master *Server, args ...string) *Server {
 		ri, err1 := rc.Info(ctx, "replication").Result()
 		mi, err2 := mc.Info(ctx, "replication").Result()
 		if err1 == nil && err2 == nil && strings.Contains(ri, "master_link_status:up") &&
-			strings.Contains(mi, "ip=127.0.0.1,port="+strconv.Itoa(r.Port())+",state=online") {
+			strings.Contains(mi, "ip=127.0.0.1,port="+strconv.Itoa(r.Port())+",state=online") &&
+			acked(ctx, mc) {
 			return r
 		}
 		if time.Now().After(deadline) {
@@ -36,4 +39,16 @@ func StartReplica(t testing.TB, master *Server, args ...string) *Server {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// acked reports whether a replica of mc acknowledges a write within 100ms: a replica
+// the master calls online may not yet read what it streams (seen for the better part
+// of a second after a full sync).
+func acked(ctx context.Context, mc *redis.Client) bool {
+	const key = "redistest:replica-ready"
+	if mc.Set(ctx, key, "1", time.Second).Err() != nil {
+		return false
+	}
+	n, err := mc.Wait(ctx, 1, 100*time.Millisecond).Result()
+	return err == nil && n >= 1
 }

@@ -302,8 +302,10 @@ func TestWaitReplicasRenewal(t *testing.T) {
 	// when the lease ends on our clock, though the master keeps the key.
 	var cancelledAfter time.Duration
 	err = r.waits.WithLock(ctx, key+":w", ttl, func(ctx context.Context) error {
-		start := time.Now()
 		r.replica.Stop(t)
+		// A renewal sent before the replica was gone may have been confirmed: the
+		// lease ends no later than ttl from now.
+		start := time.Now()
 		select {
 		case <-ctx.Done():
 			cancelledAfter = time.Since(start)
@@ -313,7 +315,7 @@ func TestWaitReplicasRenewal(t *testing.T) {
 	})
 	require.ErrorIs(t, err, ErrNotHeld)
 	assert.Positive(t, cancelledAfter, "fn was cancelled")
-	assert.Less(t, cancelledAfter, ttl+replicaTimeout, "fn was cancelled by its lease's end")
+	assert.Less(t, cancelledAfter, 2*ttl, "fn was cancelled by its lease's end (within ttl, and time for a loaded machine)")
 	// Extend reports the unconfirmed write, and the lease on our clock stays.
 	until := l.validUntil()
 	err = l.Extend(ctx, 5*time.Second)

@@ -234,7 +234,8 @@ func (a *acquisition) givenKey(i int) string {
 // the Client's observers.
 func (c *Client) acquire(ctx context.Context, a *acquisition) (*Lock, error) {
 	l, err := c.obtain(ctx, a)
-	if a.given != nil && l == nil && errors.Is(err, ErrNotObtained) && a.contended {
+	var re *ReplicasError
+	if a.given != nil && l == nil && errors.Is(err, ErrNotObtained) && a.contended && !errors.As(err, &re) {
 		err = &busyError{key: a.givenKey(a.busy), err: err}
 	}
 	if c.observe != nil {
@@ -299,6 +300,19 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 					// One of several locks: the attempt below takes the rest, or waits
 					// for the next busy one, keeping this one.
 					break
+				}
+				if c.replicas.N > 0 {
+					// The lock was written by the releaser's call, which our WAIT
+					// cannot follow: renew it, and wait after that write of ours.
+					l, err := c.confirmHandOver(ctx, a, f, w)
+					switch {
+					case l != nil:
+						acquired = true
+						return l, nil
+					case err != nil:
+						return nil, err
+					}
+					break // the hand-over's lease ended: the attempt below tries again
 				}
 				// The release that handed us the lock ran after our last attempt was
 				// sent, so the lease counts from no earlier than that.
@@ -385,6 +399,14 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	case o.fences == nil:
 		c.contended(ctx, a)
 		return nil, o.pttl, nil
+	case o.unconfirmed != nil:
+		// The replicas did not confirm the grant: give it back, handed to the next
+		// waiter (a waiter's leave does it, with its queue entry).
+		if w == nil {
+			c.abandon(ctx, a)
+		}
+		o.unconfirmed.Key = a.key
+		return nil, 0, join(ErrNotObtained, o.unconfirmed)
 	}
 	return a.lock(o.fences, sent, a.ttl), 0, nil
 }

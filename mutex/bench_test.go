@@ -386,3 +386,38 @@ func BenchmarkLimitServerTime(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWaitReplicas is BenchmarkTryLockUnlock on a master with one replica on
+// loopback, started for it: "off" without WaitReplicas, "wait1" with
+// WaitReplicas(1, 1s). The difference is the cost of the wait per lock (the release
+// does not wait).
+func BenchmarkWaitReplicas(b *testing.B) {
+	master := redistest.Start(b)
+	redistest.StartReplica(b, master)
+	for _, bc := range []struct {
+		name string
+		opts []Option
+	}{{"off", nil}, {"wait1", []Option{WaitReplicas(1, time.Second)}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := New(master.Client(b), bc.opts...)
+			b.Cleanup(func() { _ = c.Close() })
+			ctx := benchCtx(b)
+			key := benchKey(b, 0)
+			l, err := c.TryLock(ctx, key, benchTTL) // loads the scripts
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = l.Unlock(ctx)
+			b.ResetTimer()
+			for range b.N {
+				l, err := c.TryLock(ctx, key, benchTTL)
+				if err != nil {
+					b.Fatalf("TryLock: %v", err)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					b.Fatalf("Unlock: %v", err)
+				}
+			}
+		})
+	}
+}

@@ -35,6 +35,10 @@ type Client struct {
 	desc    string // the description of a holder without HeldBy
 	observe func(ctx context.Context, e Event)
 	logger  *slog.Logger // nil: slog.Default() when a record is logged
+
+	// replicas is the wait for replicas after every grant and renewal (WaitReplicas);
+	// N 0: none.
+	replicas store.Replicas
 }
 
 // Option configures a Client in New.
@@ -73,6 +77,7 @@ func New(client redis.UniversalClient, opts ...Option) *Client {
 	for _, o := range opts {
 		o.apply(c)
 	}
+	c.checkReplicas()
 	c.channels = c.prefix + channelInfix
 	c.desc = describe(c.self, "", "")
 	c.plain, c.slots = plainKind{c}, slotsKind{c}

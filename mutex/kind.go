@@ -25,7 +25,8 @@ type kind interface {
 	// on. fence is the fence of what is released, or 0 when not known.
 	release(ctx context.Context, keys []string, id, entry string, fence int64) (released, error)
 
-	// extend replaces the lease of l with ttl; held is false when l is not ours.
+	// extend replaces the lease of l with ttl; held is false when l is not ours. With
+	// WaitReplicas, a write fewer replicas confirmed is a *ReplicasError.
 	extend(ctx context.Context, l *Lock, ttl time.Duration) (held bool, err error)
 
 	// pttl is the lease left of l (the shortest, of several keys; < 0: no expiry);
@@ -44,6 +45,9 @@ type outcome struct {
 	// refused is a final answer other than busy (a *LimitError): the acquisition
 	// ends with it.
 	refused error
+	// unconfirmed, with WaitReplicas: fewer replicas than asked acknowledged the
+	// attempt's writes (of any of its calls) in time.
+	unconfirmed *ReplicasError
 }
 
 // released is what a release did, as the release scripts answer.

@@ -59,7 +59,7 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 		busy   bool
 	)
 	limited = -1
-	k.c.run.Each(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers},
+	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers},
 		func(b []string, cmd *redis.Cmd) bool {
 			var res []int64
 			res, err = cmd.Int64Slice()
@@ -134,13 +134,17 @@ func (k plainKind) release(ctx context.Context, keys []string, id, entry string,
 
 func (k plainKind) extend(ctx context.Context, l *Lock, ttl time.Duration) (held bool, err error) {
 	held = true
-	k.c.run.Each(ctx, plainExtendScript, l.locks, 1, []any{l.id, ttl.Milliseconds()},
+	unconfirmed := k.c.callEach(ctx, plainExtendScript, l.locks, 1, []any{l.id, ttl.Milliseconds()},
 		func(_ []string, cmd *redis.Cmd) bool {
 			var n int64
 			n, err = cmd.Int64()
 			held = held && n == 1
 			return err == nil && held
 		})
+	if err == nil && held && unconfirmed != nil {
+		unconfirmed.Key = l.key
+		err = unconfirmed
+	}
 	return held, err
 }
 

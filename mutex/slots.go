@@ -25,8 +25,9 @@ func (k slotsKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 			queued = "1"
 		}
 	}
-	res, err := k.c.run.Run(ctx, slotsLockScript, a.keys,
-		a.id, a.ttl.Milliseconds(), head, queued, a.desc, a.limit, k.c.channels, k.c.countsSubscribers).Int64Slice()
+	cmd, unconfirmed := k.c.call(ctx, slotsLockScript, a.keys,
+		a.id, a.ttl.Milliseconds(), head, queued, a.desc, a.limit, k.c.channels, k.c.countsSubscribers)
+	res, err := cmd.Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
@@ -44,7 +45,7 @@ func (k slotsKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 	case 0:
 		return outcome{pttl: time.Duration(res[1]) * time.Millisecond}, nil
 	}
-	return outcome{fences: res[:1]}, nil
+	return outcome{fences: res[:1], unconfirmed: unconfirmed}, nil
 }
 
 // release frees the slot identity id holds. A release repeated after a lost reply is
@@ -57,7 +58,12 @@ func (k slotsKind) release(ctx context.Context, keys []string, id, entry string,
 }
 
 func (k slotsKind) extend(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
-	n, err := k.c.run.Run(ctx, slotsExtendScript, l.locks, l.id, ttl.Milliseconds()).Int64()
+	cmd, unconfirmed := k.c.call(ctx, slotsExtendScript, l.locks, l.id, ttl.Milliseconds())
+	n, err := cmd.Int64()
+	if err == nil && n == 1 && unconfirmed != nil {
+		unconfirmed.Key = l.key
+		return true, unconfirmed
+	}
 	return n == 1, err
 }
 

@@ -141,7 +141,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 	strandedID := 0
 	if cfg.Stranded != "" {
 		strandedID = cfg.Procs + 1
-		workers = append(workers, startWorker(t, spec(strandedID, connSpec{Kind: "direct", Addrs: []string{cfg.Stranded}})))
+		workers = append(workers, startWorker(t, spec(strandedID, connSpec{Kind: "direct", Addrs: []string{cfg.Stranded}, WaitReplicas: cfg.Conn.WaitReplicas})))
 	}
 	probes := startProbes(t, cfg.Probes, cfg.ProbeKeys)
 	demoted := watchRole(cfg.OldMaster)
@@ -355,7 +355,7 @@ func startProbes(t testing.TB, conns map[string]connSpec, keys map[string]string
 	for name, conn := range conns {
 		p.names[name] = true
 		rdb := newRedis(conn)
-		locks := mutex.New(rdb)
+		locks := newLocks(conn, rdb)
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -451,7 +451,7 @@ type cell struct {
 
 func (c *cell) String() string {
 	var tl tally
-	var lost, strand, roundsWith int
+	var lost, strand, roundsWith, unconfirmed int
 	var promote, sw, demote, alone []time.Duration
 	rec, out := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for _, r := range c.rounds {
@@ -461,6 +461,7 @@ func (c *cell) String() string {
 		tl.Accepted += r.Tally.Accepted
 		tl.Completed += r.Tally.Completed
 		lost += r.LeasesLost
+		unconfirmed += r.Errors[kindUnconfirmed]
 		strand += r.StrandedGrants
 		if r.Tally.Overlaps > 0 {
 			roundsWith++
@@ -477,6 +478,9 @@ func (c *cell) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %d rounds; %v; overlaps in %d rounds; leases lost %d; stranded grants %d; after the fault: new master %s, clients told %s, old master's ROLE lists no replica %s, old master demoted %s",
 		c.name, len(c.rounds), tl, roundsWith, lost, strand, span(promote), span(sw), span(alone), span(demote))
+	if unconfirmed > 0 {
+		fmt.Fprintf(&b, "; grants the replicas did not confirm %d", unconfirmed)
+	}
 	names := make([]string, 0, len(rec))
 	for n := range rec {
 		names = append(names, n)

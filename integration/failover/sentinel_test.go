@@ -102,6 +102,8 @@ type sentinelMode struct {
 	claimsSafety bool
 	// ci lists the faults run in the default mode; the long mode runs every fault.
 	ci map[string]bool
+	// waitReplicas is the workers' and probes' mutex.WaitReplicas (0: none).
+	waitReplicas int
 }
 
 var sentinelModes = []sentinelMode{
@@ -118,6 +120,9 @@ var sentinelModes = []sentinelMode{
 		ci: map[string]bool{"graceful": true}},
 	// Redis counts a replica's lag in whole seconds since its last acknowledgement,
 	// sent every second, so a lag of 1 is near the edge; 2 is the next step.
+	// Every grant and renewal waits for one replica (mutex.WaitReplicas(1, 250ms)).
+	{name: "wait-1", waitReplicas: 1},
+	{name: "wait-1-sync-delay-0", args: []string{"--repl-diskless-sync-delay", "0"}, waitReplicas: 1},
 	{name: "min-replicas-1-lag-2-sync-delay-0", args: []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "2",
 		"--repl-diskless-sync-delay", "0"}},
 }
@@ -137,6 +142,13 @@ func sentinelRound(t *testing.T, mode sentinelMode, f sentinelFault, control fun
 	}
 	if f.partition {
 		cfg.Stranded = st.master.Addr()
+	}
+	if mode.waitReplicas > 0 {
+		cfg.Conn.WaitReplicas = mode.waitReplicas
+		for n, p := range cfg.Probes {
+			p.WaitReplicas = mode.waitReplicas
+			cfg.Probes[n] = p
+		}
 	}
 	if control != nil {
 		control(&cfg, st)

@@ -44,6 +44,21 @@ type connSpec struct {
 	// ReloadOnError (cluster only) reloads the slot map when a command fails on a
 	// network error (reloadHook).
 	ReloadOnError bool
+	// WaitReplicas, if above 0, makes the lock wait for that many replicas after every
+	// grant and renewal (mutex.WaitReplicas, with waitTimeout).
+	WaitReplicas int
+}
+
+// waitTimeout is how long a lock with WaitReplicas waits for the replicas: below the
+// tuned ReadTimeout, which bounds the round trip of a script and its WAIT.
+const waitTimeout = 250 * time.Millisecond
+
+// newLocks makes the lock client c describes, on rdb (from newRedis(c)).
+func newLocks(c connSpec, rdb redis.UniversalClient) *mutex.Client {
+	if c.WaitReplicas > 0 {
+		return mutex.New(rdb, mutex.WaitReplicas(c.WaitReplicas, waitTimeout))
+	}
+	return mutex.New(rdb)
 }
 
 // The client options the battery compares with go-redis's defaults: dials and
@@ -147,8 +162,9 @@ type errKind string
 const (
 	kindOK          errKind = ""
 	kindNotObtained errKind = "not-obtained"
-	kindNotHeld     errKind = "not-held" // the lease was lost
-	kindOther       errKind = "other"    // a Redis error
+	kindUnconfirmed errKind = "unconfirmed" // not obtained: the replicas did not confirm the grant
+	kindNotHeld     errKind = "not-held"    // the lease was lost
+	kindOther       errKind = "other"       // a Redis error
 )
 
 // attempt is one WithLock call. Times are now() values, 0 when it did not happen.
@@ -184,7 +200,7 @@ func workerMain(raw string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), spec.Lifetime)
 	defer cancel()
 	rdb := newRedis(spec.Conn)
-	locks := mutex.New(rdb)
+	locks := newLocks(spec.Conn, rdb)
 	ref := &referee{rdb: redis.NewClient(&redis.Options{Addr: spec.RefereeAddr})}
 
 	var mu sync.Mutex
@@ -279,6 +295,8 @@ func runOne(ctx context.Context, locks *mutex.Client, ref *referee, spec workerS
 	switch {
 	case err == nil:
 		a.Kind = kindOK
+	case !a.ran() && errors.As(err, new(*mutex.ReplicasError)):
+		a.Kind = kindUnconfirmed
 	case !a.ran() && errors.Is(err, mutex.ErrNotObtained):
 		a.Kind = kindNotObtained
 	case errors.Is(err, mutex.ErrNotHeld):

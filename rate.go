@@ -176,13 +176,14 @@ func (e *PauseError) Error() string {
 func (e *PauseError) Unwrap() error { return e.Err }
 
 // paused handles a handler's PauseError pe for task t on key: it pauses the key (with
-// a rate gate) and returns the task's error, a *LockedError whose RetryIn is the
+// a rate gate; sent even when the task's context has ended, as the handler's answer
+// stands) and returns the task's error, a *LockedError whose RetryIn is the
 // pause, rounded up to whole seconds.
 func (m *middleware) paused(ctx context.Context, t *asynq.Task, id, key string, lim ratelimit.Limit, pe *PauseError) error {
 	d := max(pe.For, time.Second)
 	le := &LockedError{Key: key, RetryIn: wholeSeconds(d), taskType: t.Type(), taskID: id, paused: d, cause: pe}
 	if lim != (ratelimit.Limit{}) {
-		if _, err := m.rates.Pause(ctx, key, lim, min(d, ratelimit.MaxPer)); err != nil {
+		if _, err := m.rates.Pause(context.WithoutCancel(ctx), key, lim, min(d, ratelimit.MaxPer)); err != nil {
 			le.pauseErr = err
 		}
 	} else {

@@ -341,3 +341,21 @@ func TestRateOptionPanics(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { assert.PanicsWithValue(t, tt.want, tt.f) })
 	}
 }
+
+// A handler that returns PauseKey as its context ends (a deadline reached while it
+// waited on the API) still pauses its key: the pause is the handler's answer.
+func TestPauseKeyAfterContextEnded(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	h := Middleware(locks, On("tenant"), Rate(100, time.Second))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		cancel()
+		return PauseKey(time.Minute, errors.New("HTTP 429"))
+	}))
+	err := h.ProcessTask(ctx, tenantTask("a"))
+	var le *LockedError
+	require.ErrorAs(t, err, &le)
+	assert.NotContains(t, err.Error(), "not paused")
+	st, err := rates(locks).Inspect(context.Background(), `["sync","a"]`)
+	require.NoError(t, err)
+	assert.Greater(t, st.Paused, 59*time.Second, "the key is paused")
+}

@@ -65,7 +65,13 @@ func (r *Runner) CountsSubscribers() bool { return r.countsSubscribers }
 // them), or the user may not call or load them (ACL), or the library cannot be loaded
 // otherwise, the Runner sends every script by EVALSHA from then on. EVALSHA sends the
 // script itself (EVAL) when the server has not cached it.
+//
+// When ctx carries a boarded Rider of a Runner on the same redis client, Run sends
+// it first, in one pipeline with s (see Rider).
 func (r *Runner) Run(ctx context.Context, s *Script, keys []string, args ...any) *redis.Cmd {
+	if rd, rdArgs := r.riderFor(ctx); rd != nil {
+		return r.runCarrying(ctx, rd, rdArgs, s, keys, args)
+	}
 	if s.lib == nil || r.evalOnly.Load() {
 		return s.s.Run(ctx, r.c, keys, args...)
 	}

@@ -66,8 +66,10 @@ type TaskLookup interface {
 // moved past already (run again from the archive, say), runs under the lock alone,
 // reported as OpOutOfOrder. docs/order.md states the guarantee and its limits.
 //
-// Each ordered task costs two script calls on seq's Redis beside its lock's: one to
-// ask whether its turn has come, one to finish its place. The default is no order.
+// Each ordered task costs one round trip beside its lock's, to ask whether its turn
+// has come; its place is finished in the pipeline of its lock's release when seq and
+// the Middleware's mutex.Client share one redis client (a round trip of its own
+// otherwise). The default is no order.
 // tasks may be nil in options only NewProducer gets, since a producer asks asynq
 // nothing. InOrder panics if seq is nil; Middleware panics if tasks is nil, or if
 // InOrder is given with OnEach or KeysBy, Limit(n > 1), NoLock, or OnConflict(Skip),
@@ -181,22 +183,51 @@ func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, 
 		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: t.Type(), TaskID: meta.id, Key: key, Err: why})
 		return m.gated(ctx, t, meta, key, nil, next, time.Since(start))
 	}
-	err = m.gated(ctx, t, meta, key, nil, next, time.Since(start))
-	if how, reason := placeOutcome(err, meta, ctx.Err() != nil); how != 0 {
-		// The task is over: its result stands whatever Redis says, and a place Redis
-		// did not finish is moved past as a gap (its task is gone).
-		fctx := context.WithoutCancel(ctx)
-		if _, ferr := m.seq.Finish(fctx, key, p, how); ferr != nil {
-			m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it",
-				slog.String("task_type", shortkey.Shorten(t.Type())),
-				slog.String("task_id", shortkey.Shorten(meta.id)),
-				slog.String("key", shortkey.Show(key)),
-				slog.Int64("place", p.N),
-				slog.String("error", oneLine(ferr)))
-		} else if reason != "" {
-			m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: meta.id, Key: key,
-				Err: &GapError{Key: key, Place: p.N, TaskID: meta.id, Queue: meta.queue, Reason: reason}})
+	// A task that will not run again finishes its place in the round trip of its
+	// lock's release: the Finish rides in the release's pipeline (see
+	// order.Sequencer.FinishLater), sent first, so that the next task is woken as the
+	// lock frees.
+	lctx, later := m.seq.FinishLater(ctx, key, p)
+	var (
+		readied bool
+		reason  string
+	)
+	handler := asynq.HandlerFunc(func(hctx context.Context, t *asynq.Task) error {
+		herr := next.ProcessTask(hctx, t)
+		if !errors.As(herr, new(*PauseError)) { // a pause decides the outcome after the release
+			var how order.How
+			if how, reason = placeOutcome(herr, meta, ctx.Err() != nil); how != 0 {
+				readied = later.Finish(how) == nil
+			}
 		}
+		return herr
+	})
+	err = m.gated(lctx, t, meta, key, nil, handler, time.Since(start))
+	fctx := context.WithoutCancel(ctx)
+	var ferr error
+	switch how, r := placeOutcome(err, meta, ctx.Err() != nil); {
+	case readied:
+		_, ferr = later.Result(fctx)
+	case how != 0:
+		// The handler did not run (its lock was busy), or asked for a pause: the task
+		// is over all the same.
+		reason = r
+		_, ferr = m.seq.Finish(fctx, key, p, how)
+	default:
+		return err
+	}
+	// The task is over: its result stands whatever Redis says, and a place Redis did
+	// not finish is moved past as a gap (its task is gone).
+	if ferr != nil {
+		m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it",
+			slog.String("task_type", shortkey.Shorten(t.Type())),
+			slog.String("task_id", shortkey.Shorten(meta.id)),
+			slog.String("key", shortkey.Show(key)),
+			slog.Int64("place", p.N),
+			slog.String("error", oneLine(ferr)))
+	} else if reason != "" {
+		m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: meta.id, Key: key,
+			Err: &GapError{Key: key, Place: p.N, TaskID: meta.id, Queue: meta.queue, Reason: reason}})
 	}
 	return err
 }

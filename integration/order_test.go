@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/mutex"
 	"github.com/asynqmutex/asynqmutex/order"
 )
 
@@ -593,28 +594,35 @@ func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 
 // TestOrderCosts counts the round trips order adds: per task, one on the producer's
-// side (take) and two on the worker's (enter, finish), when each task finds its turn
-// come; none for a task of a type without order.
+// side (take) and one on the worker's (enter: the finish rides in the lock
+// release's pipeline), when each task finds its turn come; none for a task of a type
+// without order. The worker's lock and sequence share one redis client, as
+// README's example has them.
 func TestOrderCosts(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var prodCalls, workCalls countHook
-	newSeq := func(h *countHook) *order.Sequencer {
+	client := func(h *countHook) *redis.Client {
 		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
 		rdb.AddHook(h)
 		t.Cleanup(func() { rdb.Close() })
-		return order.New(rdb)
+		return rdb
 	}
 	log := newOrderLog()
 	opts := func(seq *order.Sequencer, insp *asynq.Inspector) []asynqmutex.Option {
 		return []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
 			asynqmutex.InOrder(seq, insp), asynqmutex.MaxWait(5 * time.Second)}
 	}
-	prod := asynqmutex.NewProducer(e.cli, opts(newSeq(&prodCalls), nil)...)
+	prod := asynqmutex.NewProducer(e.cli, opts(order.New(client(&prodCalls)), nil)...)
+	worker := client(&workCalls)
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(orderedType, log.handler)
+	var locked atomic.Int64
+	mux.HandleFunc("locked", func(context.Context, *asynq.Task) error { locked.Add(1); return nil })
 	mux.HandleFunc("plain", func(context.Context, *asynq.Task) error { return nil })
-	mux.Use(asynqmutex.Middleware(e.locks, opts(newSeq(&workCalls), e.insp)...))
+	locks := mutex.New(worker)
+	mux.Use(asynqmutex.Middleware(locks, opts(order.New(worker), e.insp)...))
+	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("locked"), asynqmutex.On("key")))
 	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 1}), mux)
 
 	enqueue := func(seq int) {
@@ -627,15 +635,17 @@ func TestOrderCosts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// One task first, so that the scripts are loaded before the count; its place is
-	// finished after its handler returns, and that call must come before the count.
+	idle := func(what string) {
+		t.Helper()
+		waitFor(t, 10*time.Second, what, func() (bool, string) {
+			q, err := e.insp.GetQueueInfo("default")
+			return err == nil && q.Pending == 0 && q.Active == 0, fmt.Sprint(q, err)
+		})
+	}
+	// One task of each kind first, so that the scripts are loaded before the count.
 	enqueue(0)
-	waitFor(t, 10*time.Second, "the first task", func() (bool, string) { return log.done() == 1, fmt.Sprint(log.done()) })
-	plainSeq := order.New(e.rdb)
-	waitFor(t, 10*time.Second, "the first task's place finished", func() (bool, string) {
-		st, err := plainSeq.Inspect(context.Background(), lockKey(t, orderedType, "k"))
-		return err == nil && st.Last > 0 && st.Waiting() == 0, fmt.Sprint(st, err)
-	})
+	e.enqueue(t, "locked", payload(t, map[string]string{"key": "k"}))
+	idle("the first tasks")
 	const n = 5
 	p0, w0 := prodCalls.n.Load(), workCalls.n.Load()
 	seqs := []int{}
@@ -645,25 +655,32 @@ func TestOrderCosts(t *testing.T) {
 		}
 	}
 	// One at a time, so that each finds its turn come (the injected failures spared).
-	for i, s := range seqs {
+	for _, s := range seqs {
 		enqueue(s)
-		waitFor(t, 10*time.Second, "the task to run", func() (bool, string) { return log.done() >= i+2, fmt.Sprint(log.done()) })
-		// Its place is finished after its handler returned.
-		waitFor(t, 5*time.Second, "its place finished", func() (bool, string) {
-			d := workCalls.n.Load() - w0
-			return d >= int64(2*(i+1)), fmt.Sprint(d)
-		})
+		idle("the ordered task")
+	}
+	p1, w1 := prodCalls.n.Load(), workCalls.n.Load()
+	// The same number under the lock alone, and a task of a type the middleware does
+	// not cover.
+	for range n {
+		e.enqueue(t, "locked", payload(t, map[string]string{"key": "k"}))
+		idle("the locked task")
 	}
 	e.enqueue(t, "plain", nil)
-	waitFor(t, 10*time.Second, "the plain task to complete", func() (bool, string) {
-		q, err := e.insp.GetQueueInfo("default")
-		return err == nil && q.Pending == 0 && q.Active == 0, fmt.Sprint(q, err)
-	})
-	if got := prodCalls.n.Load() - p0; got != n {
+	idle("the plain task")
+	w2 := workCalls.n.Load()
+	if log.done() != n+1 || locked.Load() != n+1 {
+		t.Fatalf("ran %d ordered and %d locked tasks, want %d of each", log.done(), locked.Load(), n+1)
+	}
+	if got := p1 - p0; got != n {
 		t.Errorf("producer: %d round trips for %d tasks, want %d", got, n, n)
 	}
-	if got := workCalls.n.Load() - w0; got != 2*n {
-		t.Errorf("worker: %d round trips for %d ordered tasks and a plain one, want %d", got, n, 2*n)
+	ordered, plain := w1-w0, w2-w1
+	if plain != 2*n {
+		t.Errorf("worker: %d round trips for %d tasks under the lock alone and one of a type without the middleware, want %d (a lock and a release each)", plain, n, 2*n)
 	}
-	t.Logf("order's round trips for %d tasks: producer %d, worker %d", n, prodCalls.n.Load()-p0, workCalls.n.Load()-w0)
+	if ordered != plain+n {
+		t.Errorf("worker: %d round trips for %d ordered tasks, want %d: the lock's %d and one more each", ordered, n, plain+n, plain)
+	}
+	t.Logf("round trips for %d tasks: producer %d; worker %d ordered, %d under the lock alone", n, p1-p0, ordered, plain)
 }

@@ -219,14 +219,71 @@ var howArgs = [...]string{Done: "done", Skipped: "skip", Abandoned: "abandon"}
 // or Redis could not be reached; a call go-redis sends again finds the place
 // finished and returns 0. Safe for concurrent use.
 func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (int64, error) {
-	if how < Done || how > Abandoned {
-		return 0, fmt.Errorf("order: key %s: place %v: invalid How %d", show(key), p.N, how)
+	if err := checkHow(key, p, how); err != nil {
+		return 0, err
 	}
-	next, err := s.run.Run(ctx, finishScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, howArgs[how]).Int64()
+	return finished(key, p, s.run.Run(ctx, finishScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, howArgs[how]))
+}
+
+func checkHow(key string, p Place, how How) error {
+	if how < Done || how > Abandoned {
+		return fmt.Errorf("order: key %s: place %v: invalid How %d", show(key), p.N, how)
+	}
+	return nil
+}
+
+// finished reads the reply of finishScript.
+func finished(key string, p Place, cmd *redis.Cmd) (int64, error) {
+	next, err := cmd.Int64()
 	if err != nil {
 		return 0, fmt.Errorf("order: key %s: finish place %v: %w", show(key), p.N, err)
 	}
 	return next, nil
+}
+
+// Later is a Finish that travels in the round trip of another call: an ordered
+// task's place finished in the pipeline of its lock's release, so that order costs
+// the release no round trip of its own. Create it with FinishLater.
+type Later struct {
+	key string
+	p   Place
+	rd  *store.Rider
+}
+
+// FinishLater returns a Later for place p of key, and a context derived from ctx
+// that carries it. Once Later.Finish has named how, the next script call made with
+// that context (or one derived from it) by a mutex.Client, ratelimit.Limiter or
+// Sequencer on the same redis client as s sends the Finish first, in one pipeline
+// with its own call: give the context to mutex.Client.WithLock, and call
+// Later.Finish in fn, as its last step, to have the place finished in the round trip
+// of the lock's release. The two are not atomic together. Later.Result reports the
+// Finish's outcome, and sends it alone when no call carried it (clients that
+// differ, say). Safe for concurrent use.
+func (s *Sequencer) FinishLater(ctx context.Context, key string, p Place) (context.Context, *Later) {
+	l := &Later{key: key, p: p, rd: s.run.NewRider(finishScript, []string{redisKey(s.prefix, key)})}
+	return store.Carry(ctx, l.rd), l
+}
+
+// Finish readies the Finish of l's place with how (see Sequencer.Finish); the next
+// call that may carry it does. Only the first Finish counts. It returns an error,
+// and readies nothing, if how is not Done, Skipped or Abandoned.
+func (l *Later) Finish(how How) error {
+	if err := checkHow(l.key, l.p, how); err != nil {
+		return err
+	}
+	l.rd.Board(l.p.Epoch, l.p.N, howArgs[how])
+	return nil
+}
+
+// Result returns what Sequencer.Finish would: from the call that carried the Finish,
+// or, when none did, from sending it now with ctx. It returns 0 and nil when Finish
+// was not called: the place is not finished.
+func (l *Later) Result(ctx context.Context) (int64, error) {
+	cmd := l.rd.Result(ctx)
+	if cmd == nil {
+		return 0, nil
+	}
+	return finished(l.key, l.p, cmd)
 }
 
 // Await is Enter, waiting up to maxWait while the answer is TurnWait with the same

@@ -4,8 +4,11 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestTakeGivesPlacesInOrder(t *testing.T) {
@@ -248,5 +251,67 @@ func TestRecordRoundTrip(t *testing.T) {
 		if got, ok := parseRecord(r.String()); !ok || got != r {
 			t.Errorf("parseRecord(%q) = %+v, %v; want %+v", r.String(), got, ok, r)
 		}
+	}
+}
+
+// pipelines counts the pipelines a redis client sends.
+type pipelines struct{ n atomic.Int64 }
+
+func (h *pipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+func TestFinishLater(t *testing.T) {
+	t.Parallel()
+	rdb := sharedServer(t)
+	h := &pipelines{}
+	rdb.AddHook(h)
+	s, ctx, key := New(rdb), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "q", "t1")
+	p2, _ := s.Take(ctx, key, "q", "t2")
+
+	// Carried by the next call made with the context, in one pipeline; here an Enter
+	// of the next place, which the Finish before it in the pipeline lets in.
+	lctx, later := s.FinishLater(ctx, key, p1)
+	if err := later.Finish(How(9)); err == nil {
+		t.Fatal("Finish(How(9)) = nil, want an error")
+	}
+	if err := later.Finish(Done); err != nil {
+		t.Fatal(err)
+	}
+	before := h.n.Load()
+	if turn, err := s.Enter(lctx, key, p2); err != nil || turn.State != TurnNow {
+		t.Fatalf("Enter(place 2) carrying place 1's Finish = %+v, %v; want its turn", turn, err)
+	}
+	if got := h.n.Load() - before; got != 1 {
+		t.Errorf("%d pipelines, want 1", got)
+	}
+	if next, err := later.Result(ctx); next != 2 || err != nil {
+		t.Errorf("Result = %d, %v; want 2", next, err)
+	}
+
+	// Control: a Later whose Finish was never called finishes nothing.
+	lctx, later = s.FinishLater(ctx, key, p2)
+	if turn, err := s.Enter(lctx, key, p2); err != nil || turn.State != TurnNow {
+		t.Fatalf("Enter(place 2) = %+v, %v; want its turn", turn, err)
+	}
+	if next, err := later.Result(ctx); next != 0 || err != nil {
+		t.Errorf("Result without Finish = %d, %v; want 0, nil", next, err)
+	}
+
+	// A Sequencer on another client does not carry it: Result sends it.
+	other := New(sharedServer(t))
+	lctx, later = s.FinishLater(ctx, key, p2)
+	_ = later.Finish(Done)
+	if _, err := other.Enter(lctx, key, p2); err != nil {
+		t.Fatal(err)
+	}
+	if next, err := later.Result(ctx); next != 3 || err != nil {
+		t.Errorf("Result sent alone = %d, %v; want 3", next, err)
 	}
 }

@@ -173,18 +173,20 @@ func TestWait(t *testing.T) {
 		t.Errorf("second Wait returned after %v, want about 200ms", waited)
 	}
 
-	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel2()
-	if err := l.Wait(short, key, lim); !errors.Is(err, ErrLimited) || !strings.Contains(err.Error(), "after the context's deadline") {
-		t.Errorf("Wait past the deadline = %v, want ErrLimited at once", err)
-	}
-
-	// A Wait whose context ends while it sleeps gives its start back.
+	// The next start is a minute away, past any deadline the Wait has: however late
+	// this runs, it is refused at once.
 	slow := Limit{N: 1, Per: time.Minute}
 	k2 := uniqueKey(t)
 	if _, err := l.Allow(context.Background(), k2, slow); err != nil {
 		t.Fatal(err)
 	}
+	short, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	defer cancel2()
+	if err := l.Wait(short, k2, slow); !errors.Is(err, ErrLimited) || !strings.Contains(err.Error(), "after the context's deadline") {
+		t.Errorf("Wait past the deadline = %v, want ErrLimited at once", err)
+	}
+
+	// A Wait whose context ends while it sleeps gives its start back.
 	cctx, cancel3 := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- l.Wait(cctx, k2, slow) }()

@@ -7,8 +7,9 @@
 // task ID and queue). The place travels with the task (FormatPlace, ParsePlace; the
 // middleware puts it in the task's Header). A worker asks Enter whether a place's turn
 // has come: it has when every earlier place is finished. Finish marks a place finished
-// (done, or skipped past) and wakes the tasks waiting for the key (Await, one pub/sub
-// subscription per waiting call, never polling).
+// (done, or skipped past) and wakes the tasks waiting for the key (Await, never
+// polling: the Awaits of a Sequencer share one pub/sub connection, subscribed to the
+// channels of the keys they wait on).
 //
 // A key's sequence is one Redis hash; each place taken and not yet finished is one
 // field of it. A sequence idle (every place finished) for IdleKeep is forgotten, and

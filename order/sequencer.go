@@ -2,7 +2,6 @@ package order
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 type Sequencer struct {
 	run    *store.Runner // every Redis call of the Sequencer goes through it
 	prefix string
+	listen *listener // the Awaits' shared subscription
 }
 
 // Option configures a Sequencer in New.
@@ -48,7 +48,8 @@ func New(client redis.UniversalClient, opts ...Option) *Sequencer {
 	if client == nil {
 		panic("order.New: nil redis client")
 	}
-	s := &Sequencer{run: store.New(client), prefix: DefaultPrefix}
+	run := store.New(client)
+	s := &Sequencer{run: run, prefix: DefaultPrefix, listen: newListener(run)}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -291,68 +292,41 @@ func (l *Later) Result(ctx context.Context) (int64, error) {
 // place, and asks again when one comes (no polling), unless the announcement is p
 // itself, which it returns as TurnNow without asking. It returns the first Turn that
 // differs, p's turn or a wait for a later place, so that the caller can judge the
-// task that holds it; or the last Turn when maxWait ended first. A waiting Await
-// holds one pub/sub connection. When ctx ends, it returns ctx's error. A lost
-// subscription is dialled again, and the turn asked again, within maxWait. Safe for
-// concurrent use.
+// task that holds it; or the last Turn when maxWait ended first. The Awaits of a
+// Sequencer share one pub/sub connection, open while any waits. When ctx ends, it
+// returns ctx's error. When the connection breaks or falls silent (noticed within
+// two seconds), it is dialled again and every Await asks again. Safe for concurrent
+// use.
 func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time.Duration) (Turn, error) {
 	t, err := s.Enter(ctx, key, p)
 	if err != nil || t.State != TurnWait || maxWait <= 0 {
 		return t, err
 	}
-	deadline := time.Now().Add(maxWait)
-	channel := redisKey(s.prefix, key)
-	ps := s.run.Subscribe(ctx)
-	defer func() { _ = ps.Close() }()
-	subscribed := false
+	timer := time.NewTimer(maxWait)
+	defer timer.Stop()
+	w := s.listen.join(redisKey(s.prefix, key))
+	defer s.listen.leave(w)
 	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return t, nil
+		news, again, ok := w.next(ctx, timer.C)
+		switch {
+		case ctx.Err() != nil:
+			return t, ctx.Err()
+		case !ok:
+			return t, nil // maxWait ended
 		}
-		if !subscribed {
-			// Subscribe, and see the server confirm it, before asking again: a Finish
-			// after the question is then heard.
-			if err := ps.Subscribe(ctx, channel); err == nil {
-				if _, err := ps.ReceiveTimeout(ctx, left); err == nil {
-					subscribed = true
+		for _, m := range news {
+			if next, ok := ParsePlace(m); ok && next.Epoch == p.Epoch {
+				switch next.N {
+				case p.N: // its turn: the announcement says as much as Enter would
+					return Turn{State: TurnNow, Next: p.N}, nil
+				case t.Next: // no news
+				default:
+					again = true
 				}
 			}
-			if ctx.Err() != nil {
-				return t, ctx.Err()
-			}
-			if !subscribed { // the connection failed: dial again after a pause
-				_ = ps.Close()
-				ps = s.run.Subscribe(ctx)
-				if err := sleep(ctx, min(left, resubscribeAfter)); err != nil {
-					return t, err
-				}
-				continue
-			}
-		} else {
-			msg, err := ps.ReceiveTimeout(ctx, left)
-			switch {
-			case ctx.Err() != nil:
-				return t, ctx.Err()
-			case err != nil && isTimeout(err):
-				continue // maxWait ended
-			case err != nil: // a broken connection: dial again, and ask again
-				_ = ps.Close()
-				ps, subscribed = s.run.Subscribe(ctx), false
-			default:
-				m, ok := msg.(*redis.Message)
-				if !ok {
-					continue // a pong, or a confirmation
-				}
-				if next, ok := ParsePlace(m.Payload); ok && next.Epoch == p.Epoch {
-					switch next.N {
-					case p.N: // its turn: the announcement says as much as Enter would
-						return Turn{State: TurnNow, Next: p.N}, nil
-					case t.Next:
-						continue // no news
-					}
-				}
-			}
+		}
+		if !again {
+			continue
 		}
 		nt, err := s.Enter(ctx, key, p)
 		if err != nil {
@@ -361,27 +335,6 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 		if nt.State != TurnWait || nt.Next != t.Next {
 			return nt, nil
 		}
-	}
-}
-
-// resubscribeAfter is how long Await waits before it dials a subscription that
-// failed again.
-const resubscribeAfter = 100 * time.Millisecond
-
-func isTimeout(err error) bool {
-	var ne interface{ Timeout() bool }
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// sleep waits d, or until ctx ends, returning ctx's error then.
-func sleep(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -2,7 +2,9 @@ package order
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,5 +315,136 @@ func TestFinishLater(t *testing.T) {
 	}
 	if next, err := later.Result(ctx); next != 3 || err != nil {
 		t.Errorf("Result sent alone = %d, %v; want 3", next, err)
+	}
+}
+
+// pubsubClients counts the server's pub/sub connections.
+func pubsubClients(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " flags=P ") {
+			n++
+		}
+	}
+	return n
+}
+
+func TestAwaitsShareOneConnection(t *testing.T) {
+	// Not parallel: it counts the server's pub/sub connections.
+	rdb := sharedServer(t)
+	ctx := context.Background()
+	base := pubsubClients(t, rdb)
+	const keys, perKey = 5, 4
+	seqs := []*Sequencer{New(rdb), New(sharedServer(t))}
+	type waiting struct {
+		key   string
+		first Place
+		turn  chan Turn
+	}
+	var all []waiting
+	for i := range keys {
+		key := uniqueKey(t) + strconv.Itoa(i)
+		first, _ := seqs[0].Take(ctx, key, "q", "first")
+		w := waiting{key: key, first: first, turn: make(chan Turn, perKey)}
+		for j := range perKey {
+			p, _ := seqs[0].Take(ctx, key, "q", "t"+strconv.Itoa(j))
+			go func() {
+				turn, err := seqs[j%2].Await(ctx, key, p, time.Minute)
+				if err != nil {
+					t.Errorf("Await: %v", err)
+				}
+				w.turn <- turn
+			}()
+		}
+		all = append(all, w)
+	}
+	// Every Await subscribes; the two Sequencers hold one connection each (the
+	// control: a second Sequencer is a second connection).
+	subscribed := func() bool {
+		for _, w := range all {
+			if n := rdb.PubSubNumSub(ctx, redisKey(DefaultPrefix, w.key)).Val()[redisKey(DefaultPrefix, w.key)]; n < 2 {
+				return false
+			}
+		}
+		return true
+	}
+	waitUntil(t, 10*time.Second, subscribed, func() string { return "the Awaits did not all subscribe" })
+	if n := pubsubClients(t, rdb); n != base+2 {
+		t.Fatalf("%d pub/sub connections for %d waiting Awaits of 2 Sequencers, want %d", n-base, keys*perKey, 2)
+	}
+	// Each key's first place finishes: each of its Awaits returns (its next place
+	// changed), and when none waits the connections close.
+	for _, w := range all {
+		if _, err := seqs[0].Finish(ctx, w.key, w.first, Done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range all {
+		for range perKey {
+			select {
+			case turn := <-w.turn:
+				if turn.Next != 2 {
+					t.Errorf("Await of %s = %+v, want next place 2", w.key, turn)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("an Await of %s was not woken", w.key)
+			}
+		}
+	}
+	waitUntil(t, 10*time.Second, func() bool { return pubsubClients(t, rdb) == base },
+		func() string {
+			return fmt.Sprintf("%d pub/sub connections left open, want 0", pubsubClients(t, rdb)-base)
+		})
+}
+
+func TestAwaitRidesOutAKilledConnection(t *testing.T) {
+	rdb := sharedServer(t)
+	s, ctx, key := New(rdb), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "q", "a")
+	p2, _ := s.Take(ctx, key, "q", "b")
+	got := make(chan Turn, 1)
+	go func() {
+		turn, err := s.Await(ctx, key, p2, time.Minute)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- turn
+	}()
+	base := 0
+	waitUntil(t, 10*time.Second, func() bool { base = pubsubClients(t, rdb); return base > 0 },
+		func() string { return "no pub/sub connection" })
+	// Kill it and finish at once: the announcement may fall in the gap, and the Await
+	// asks again once it is subscribed again.
+	if err := rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Finish(ctx, key, p1, Done); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case turn := <-got:
+		if turn.State != TurnNow {
+			t.Fatalf("Await = %+v, want its turn", turn)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Await was not woken after its connection was killed")
+	}
+}
+
+// waitUntil polls cond, a check of the server's state, until it holds or within
+// passes.
+func waitUntil(t *testing.T, within time.Duration, cond func() bool, say func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(say())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -2,14 +2,13 @@ package mutex
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/rediskey"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 )
@@ -53,9 +52,7 @@ func (f optionFunc) apply(c *Client) { f(c) }
 // the same prefix. Prefix panics if p contains '{' or '}', which would move a lock's
 // keys out of the Redis Cluster hash slot they share.
 func Prefix(p string) Option {
-	if strings.ContainsAny(p, "{}") {
-		panic(fmt.Sprintf("mutex.Prefix: prefix %q must not contain '{' or '}'", p))
-	}
+	rediskey.CheckPrefix("mutex.Prefix", p)
 	return optionFunc(func(c *Client) { c.prefix = p })
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/rediskey"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 )
@@ -35,9 +36,7 @@ func (f optionFunc) apply(s *Sequencer) { f(s) }
 // default is DefaultPrefix ("asynqmutex:"). Prefix panics if p contains '{' or '}',
 // which would move a key out of its Redis Cluster hash slot.
 func Prefix(p string) Option {
-	if strings.ContainsAny(p, "{}") {
-		panic(fmt.Sprintf("order.Prefix: prefix %q must not contain '{' or '}'", p))
-	}
+	rediskey.CheckPrefix("order.Prefix", p)
 	return optionFunc(func(s *Sequencer) { s.prefix = p })
 }
 

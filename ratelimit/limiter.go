@@ -5,11 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynqmutex/asynqmutex/internal/rediskey"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 )
@@ -33,9 +33,7 @@ func (f optionFunc) apply(l *Limiter) { f(l) }
 // DefaultPrefix ("asynqmutex:"). Prefix panics if p contains '{' or '}', which would
 // move a key out of its Redis Cluster hash slot.
 func Prefix(p string) Option {
-	if strings.ContainsAny(p, "{}") {
-		panic(fmt.Sprintf("ratelimit.Prefix: prefix %q must not contain '{' or '}'", p))
-	}
+	rediskey.CheckPrefix("ratelimit.Prefix", p)
 	return optionFunc(func(l *Limiter) { l.prefix = p })
 }
 

@@ -8,6 +8,7 @@ package rediskey
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 )
 
@@ -62,4 +63,13 @@ func Decode(enc string) (key string, digested bool) {
 		enc, digested = enc[:i], true
 	}
 	return unescaper.Replace(enc), digested
+}
+
+// CheckPrefix panics, naming fn, if prefix p holds '{' or '}': a brace in it would
+// move the keys after it out of the hash slot they share. It is the programmer's
+// error a Prefix option refuses at construction.
+func CheckPrefix(fn, p string) {
+	if strings.ContainsAny(p, "{}") {
+		panic(fmt.Sprintf("%s: prefix %q must not contain '{' or '}'", fn, p))
+	}
 }

@@ -88,3 +88,18 @@ func sha256hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+func TestCheckPrefix(t *testing.T) {
+	CheckPrefix("x.Prefix", "app:locks:") // no panic
+	for _, p := range []string{"a{b", "a}b", "{}"} {
+		func() {
+			defer func() {
+				want := "x.Prefix: prefix \"" + p + "\" must not contain '{' or '}'"
+				if r := recover(); r != want {
+					t.Errorf("CheckPrefix(%q) panicked with %v, want %q", p, r, want)
+				}
+			}()
+			CheckPrefix("x.Prefix", p)
+		}()
+	}
+}

@@ -291,7 +291,8 @@ func (l *Later) Result(ctx context.Context) (int64, error) {
 // place, and asks again when one comes (no polling), unless the announcement is p
 // itself, which it returns as TurnNow without asking. It returns the first Turn that
 // differs, p's turn or a wait for a later place, so that the caller can judge the
-// task that holds it; or the last Turn when maxWait ended first. The Awaits of a
+// task that holds it; or the last Turn when maxWait ended first, its Holder's Age
+// grown by the time since it was asked (on this process's clock). The Awaits of a
 // Sequencer share one pub/sub connection, open while any waits. When ctx ends, it
 // returns ctx's error. When the connection breaks or falls silent (noticed within
 // two seconds), it is dialled again and every Await asks again. Safe for concurrent
@@ -301,6 +302,12 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 	if err != nil || t.State != TurnWait || maxWait <= 0 {
 		return t, err
 	}
+	asked := time.Now()
+	// aged is t as it stands now: its holder's place is older by the wait.
+	aged := func() Turn {
+		t.Holder.Age += time.Since(asked)
+		return t
+	}
 	timer := time.NewTimer(maxWait)
 	defer timer.Stop()
 	w := s.listen.join(redisKey(s.prefix, key))
@@ -309,9 +316,9 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 		news, again, ok := w.next(ctx, timer.C)
 		switch {
 		case ctx.Err() != nil:
-			return t, ctx.Err()
+			return aged(), ctx.Err()
 		case !ok:
-			return t, nil // maxWait ended
+			return aged(), nil // maxWait ended
 		}
 		for _, m := range news {
 			if next, ok := ParsePlace(m); ok && next.Epoch == p.Epoch {
@@ -329,11 +336,12 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 		}
 		nt, err := s.Enter(ctx, key, p)
 		if err != nil {
-			return t, err
+			return aged(), err
 		}
 		if nt.State != TurnWait || nt.Next != t.Next {
 			return nt, nil
 		}
+		t, asked = nt, time.Now()
 	}
 }
 

@@ -229,6 +229,11 @@ func TestAwaitEndsAfterMaxWait(t *testing.T) {
 	if d := time.Since(start); err != nil || turn.State != TurnWait || d < maxWait || d > maxWait+2*time.Second {
 		t.Fatalf("Await = %+v, %v after %v; want TurnWait after %v", turn, err, d, maxWait)
 	}
+	// The Turn it returns is as of its return: the holder's place is older by the
+	// wait, so that a caller judging it against a grace does not wait the grace twice.
+	if turn.Holder.TaskID != "a" || turn.Holder.Age < maxWait {
+		t.Errorf("Await's Turn after its wait: holder %+v, want task a's place at least %v old", turn.Holder, maxWait)
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := s.Await(cctx, key, p2, maxWait); err == nil {

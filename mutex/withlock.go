@@ -25,7 +25,9 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // runs fn while holding it, and releases it when fn returns or panics.
 //
 // While fn runs the lease is renewed every ttl/3 (a lock handed over by a releasing
-// holder starts with a 250ms lease, renewed at once). If Redis says the lock
+// holder starts with a 250ms lease, renewed at once; a process that did not run for
+// all of a lease asks Redis whether the lock is still its own before it counts it
+// lost). If Redis says the lock
 // is no longer ours, or renewals fail until the lease would have ended on this
 // process's own monotonic clock (a partition, a long pause), fn's context is cancelled
 // at once, with a cause wrapping ErrNotHeld, and WithLock returns an error wrapping
@@ -170,9 +172,12 @@ func (r *renewal) end() error {
 	return <-lost
 }
 
-// keepAlive renews l every ttl/3 until ctx is done, the first time at once. When the lease is lost, or cannot
-// be renewed before it ends on our own clock, it cancels fn through cancel and returns
-// an error wrapping ErrNotHeld; otherwise it returns nil.
+// keepAlive renews l every ttl/3 until ctx is done, the first time at once. When the
+// lease is lost, or cannot be renewed before it ends on our own clock, it cancels fn
+// through cancel and returns an error wrapping ErrNotHeld; otherwise it returns nil.
+// A lease that ran out before any renewal was sent (the process did not run for all
+// of it) is not taken for lost on our clock alone: one renewal goes at once, and its
+// answer, awaited for lateAnswer, decides.
 //
 // A renewal runs in its own goroutine so that a Redis that does not answer cannot
 // delay the cancellation past the lease's end (go-redis honours a context's deadline
@@ -195,6 +200,8 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		inflight int
 		lastErr  error
 		renewed  time.Time // when the last renewal that succeeded was sent
+		sentAny  bool      // a renewal was sent
+		late     time.Time // until when a late renewal's answer is awaited (see below)
 	)
 	defer func() {
 		for ; inflight > 0; inflight-- {
@@ -203,6 +210,9 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 	}()
 	for {
 		wake := l.validUntil()
+		if late.After(wake) {
+			wake = late
+		}
 		if inflight < maxRenewals && next.Before(wake) {
 			wake = next
 		}
@@ -215,7 +225,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 			switch {
 			case r.err == nil:
 				if r.sent.After(renewed) {
-					renewed, lastErr, next = r.sent, nil, r.sent.Add(every)
+					renewed, lastErr, next, late = r.sent, nil, r.sent.Add(every), time.Time{}
 				}
 			case errors.Is(r.err, ErrNotHeld):
 				err := fmt.Errorf("mutex: lease on %s lost: %w", l.what(), ErrNotHeld)
@@ -225,6 +235,13 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 				return nil
 			case r.sent.Before(renewed):
 				// A later renewal succeeded: this one's failure changes nothing.
+			case !time.Now().Before(l.validUntil()):
+				// The lease has ended on our clock, and this renewal (one sent late, see
+				// below) could not extend it.
+				err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.what(), ErrNotHeld)
+				err = join(err, r.err)
+				cancel(err)
+				return err
 			default:
 				// Redis did not answer: try again soon, well before the lease ends.
 				if lastErr == nil {
@@ -245,7 +262,23 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		}
 		now := time.Now()
 		until := l.validUntil()
-		if !now.Before(until) {
+		if !now.Before(until) && !sentAny {
+			// The lease ran out before its first renewal went: this process did not run
+			// (stopped, starved of CPU) from the lease's start, a hand-over's short one
+			// most likely, to its end. Nothing says the lock was lost: ask Redis, which
+			// knows, once and briefly. A renewal that finds our token proves that nobody
+			// held the key meanwhile.
+			sentAny, inflight = true, inflight+1
+			late = now.Add(lateAnswer(every))
+			next = late
+			go func(sent time.Time) {
+				rctx, rcancel := context.WithDeadline(ctx, late)
+				defer rcancel()
+				results <- result{sent, l.renew(rctx, ttl)}
+			}(now)
+			continue
+		}
+		if !now.Before(until) && !now.Before(late) {
 			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.what(), ErrNotHeld)
 			if lastErr != nil {
 				err = join(err, lastErr)
@@ -253,8 +286,8 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 			cancel(err)
 			return err
 		}
-		if inflight < maxRenewals && !now.Before(next) {
-			inflight++
+		if now.Before(until) && inflight < maxRenewals && !now.Before(next) {
+			inflight, sentAny = inflight+1, true
 			// If this one has not answered within a third of the lease left, another
 			// goes beside it.
 			next = now.Add(max(until.Sub(now)/3, time.Millisecond))
@@ -265,6 +298,13 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 			}(now)
 		}
 	}
+}
+
+// lateAnswer is how long keepAlive waits for the answer of a renewal sent after the
+// lease ran out on our clock before any renewal went (see keepAlive): fn runs on
+// meanwhile, so it is short.
+func lateAnswer(every time.Duration) time.Duration {
+	return max(min(every/4, renewedHandOver), time.Millisecond)
 }
 
 // maxRenewals is how many renewals of one lease keepAlive has on their way at once.

@@ -3,6 +3,7 @@ package mutex
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,5 +139,52 @@ func TestWithLockContextDoneStillReleases(t *testing.T) {
 		locked, err := c.Locked(context.Background(), key)
 		require.NoError(t, err)
 		assert.False(t, locked, "a cancelled caller must not leave the lock held for its lease")
+	})
+}
+
+// TestLateRenewal: a process that did not run for the whole of its lease (stopped,
+// starved of CPU right after a hand-over's short lease) finds the lease ended on its
+// clock before any renewal went. It asks Redis once: the lock is still its own when
+// nobody took the key, and lost when somebody did (the control).
+func TestLateRenewal(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		c := New(b.rdb)
+		ctx := context.Background()
+		for _, taken := range []bool{false, true} {
+			key := uniqueKey(t)
+			const ttl = 3 * time.Second
+			l, err := c.TryLock(ctx, key, ttl)
+			require.NoError(t, err)
+			l.mu.Lock()
+			l.until = time.Now().Add(-time.Millisecond) // as after a stop longer than the lease
+			l.mu.Unlock()
+			if taken {
+				require.NoError(t, b.admin.Del(ctx, c.redisKey(key)).Err())
+			}
+			kctx, stop := context.WithCancel(ctx)
+			var cause atomic.Value
+			done := make(chan error, 1)
+			go func() { done <- l.keepAlive(kctx, ttl, func(err error) { cause.Store(err) }) }()
+			if taken {
+				select {
+				case err := <-done:
+					assert.ErrorIs(t, err, ErrNotHeld, "a lease somebody ended is lost")
+					assert.NotNil(t, cause.Load(), "fn is cancelled")
+				case <-time.After(ttl):
+					t.Fatal("keepAlive did not end a lease somebody ended")
+				}
+				stop()
+				continue
+			}
+			deadline := time.Now().Add(ttl)
+			for time.Until(l.validUntil()) <= 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			stop()
+			assert.NoError(t, <-done)
+			assert.Nil(t, cause.Load(), "fn was cancelled, though nobody took the key")
+			assert.Greater(t, time.Until(l.validUntil()), ttl/2, "the late renewal lengthened the lease")
+			require.NoError(t, l.Unlock(ctx))
+		}
 	})
 }

@@ -19,8 +19,11 @@ const (
 	// within asynq's check of delayed tasks, 100 ms), so that the tasks behind it
 	// seldom go back to the queue.
 	maxWait = 3 * time.Second
-	// drainBound only stops a broken run: README.md has the drain times measured.
-	drainBound = 20 * maxWait
+	// drainBound only stops a broken run (README.md has the drain times measured): a
+	// key whose task meets the task ahead waiting for its retry can drain at one task
+	// a second (a task sent back returns a second after the task ahead is due), so
+	// perKey seconds, and a few waits more.
+	drainBound = perKey*time.Second + 5*maxWait
 )
 
 // workloadTasks is what producer pr enqueues, in order: its perKey/producers tasks

@@ -53,7 +53,10 @@ type TaskLookup interface {
 // is sent back. A task with no retry left waits for any task ahead, up to
 // LastTryWait, and is archived if its turn has not come: give ordered tasks retries.
 //
-// A task that fails and will be retried keeps its place: the key waits for it. A task
+// A task that fails and will be retried keeps its place: the key waits for it, and
+// the tasks waiting for it are told (in its lock release's round trip) and go back
+// to the queue, as behind a queued task, instead of holding worker slots that its
+// retry may need. A task
 // that will not run again (its handler succeeded, it was skipped, or its last try
 // failed and asynq archives it) finishes its place, and the next task is woken. A key
 // never waits for a task that is gone: when a task's predecessor is not running,
@@ -194,11 +197,17 @@ func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, 
 	)
 	handler := asynq.HandlerFunc(func(hctx context.Context, t *asynq.Task) error {
 		herr := next.ProcessTask(hctx, t)
+		var how order.How
 		if !errors.As(herr, new(*PauseError)) { // a pause decides the outcome after the release
-			var how order.How
-			if how, reason = placeOutcome(herr, meta, ctx.Err() != nil); how != 0 {
-				readied = later.Finish(how) == nil
-			}
+			how, reason = placeOutcome(herr, meta, ctx.Err() != nil)
+		}
+		switch {
+		case how != 0:
+			readied = later.Finish(how) == nil
+		case herr != nil:
+			// It will run again later, keeping its place: the tasks waiting for it go
+			// back to the queue instead of holding worker slots until its retry.
+			later.Requeue()
 		}
 		return herr
 	})
@@ -214,6 +223,14 @@ func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, 
 		reason = r
 		_, ferr = m.seq.Finish(fctx, key, p, how)
 	default:
+		if _, rerr := later.Result(fctx); rerr != nil { // a Requeue no call carried
+			m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not tell the tasks waiting for a task's turn that it will run again later; they wait for it until their MaxWait",
+				slog.String("task_type", shortkey.Shorten(t.Type())),
+				slog.String("task_id", shortkey.Shorten(meta.id)),
+				slog.String("key", shortkey.Show(key)),
+				slog.Int64("place", p.N),
+				slog.String("error", oneLine(rerr)))
+		}
 		return err
 	}
 	// The task is over: its result stands whatever Redis says, and a place Redis did
@@ -273,7 +290,7 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 			return turn, err
 		}
 		h := turn.Holder
-		reason, running, due := m.holderState(h)
+		reason, running, unseen, due := m.holderState(h)
 		*dueAt = due
 		if reason != "" {
 			gap := order.Place{Epoch: p.Epoch, N: turn.Next}
@@ -287,11 +304,10 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 			continue
 		}
 		left := time.Until(deadline)
-		young := h.Age < m.orderGrace
-		if left <= 0 || !running && !young && !lastTry {
+		if left <= 0 || !running && !unseen && !lastTry {
 			return turn, nil
 		}
-		if !running && young {
+		if unseen {
 			// Its producer may be enqueuing it still: ask asynq again once the
 			// grace has passed.
 			left = min(left, m.orderGrace-h.Age)
@@ -302,32 +318,35 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 }
 
 // holderState says whether the task h that holds a key's next place is gone for
-// good, and why ("archived", "completed", "missing", "abandoned"), or else whether
-// it is running, or when it is due if it waits for a retry or its ProcessAt. A task asynq does not hold counts as missing only once its place
-// is older than OrderGrace. When asynq cannot say, the task counts as running, so
-// that a successor waits as it would without the question.
-func (m *middleware) holderState(h order.Holder) (gone string, running bool, due time.Time) {
+// good, and why ("archived", "completed", "missing", "abandoned"); else whether it is
+// running, whether asynq does not hold it yet (unseen: its place is younger than
+// OrderGrace, and its producer may be enqueuing it), and when it is due if it waits
+// for a retry or its ProcessAt. A task that announced it will run again later
+// (Holder.Requeued) is not running, whatever asynq says for the moment before it
+// moves it. When asynq cannot say, the task counts as running, so that a successor
+// waits as it would without the question.
+func (m *middleware) holderState(h order.Holder) (gone string, running, unseen bool, due time.Time) {
 	if h.Abandoned {
-		return "abandoned", false, due
+		return "abandoned", false, false, due
 	}
 	if h.TaskID == "" {
-		return "missing", false, due
+		return "missing", false, false, due
 	}
 	info, err := m.tasks.GetTaskInfo(h.Queue, h.TaskID)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 		if h.Age >= m.orderGrace {
-			return "missing", false, due
+			return "missing", false, false, due
 		}
-		return "", false, due
+		return "", false, !h.Requeued, due
 	case err != nil:
-		return "", true, due
+		return "", !h.Requeued, false, due
 	case info.State == asynq.TaskStateArchived:
-		return "archived", false, due
+		return "archived", false, false, due
 	case info.State == asynq.TaskStateCompleted:
-		return "completed", false, due
+		return "completed", false, false, due
 	case info.State == asynq.TaskStateRetry, info.State == asynq.TaskStateScheduled:
 		due = info.NextProcessAt
 	}
-	return "", info.State == asynq.TaskStateActive, due
+	return "", info.State == asynq.TaskStateActive && !h.Requeued, false, due
 }

@@ -684,3 +684,65 @@ func TestOrderCosts(t *testing.T) {
 	}
 	t.Logf("round trips for %d tasks: producer %d; worker %d ordered, %d under the lock alone", n, p1-p0, ordered, plain)
 }
+
+// TestOrderFailedTaskSendsItsWaitersBack: a task that fails and will be retried
+// keeps its place and announces it (in its lock release's pipeline), so that the task
+// waiting for it goes back to the queue at once instead of holding a worker slot for
+// its MaxWait while the failed task's retry may find no slot. The control: a
+// predecessor that keeps running for two thirds of the MaxWait holds its waiter,
+// which is never sent back.
+func TestOrderFailedTaskSendsItsWaitersBack(t *testing.T) {
+	t.Parallel()
+	const grace = 3 * time.Second // MaxWait is two graces
+	maxWait := 2 * grace
+	for _, fails := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fails=%v", fails), func(t *testing.T) {
+			t.Parallel()
+			g := newGapEnv(t, grace)
+			g.enqueue(t, 0)
+			g.enqueue(t, 1)
+			var returned atomic.Int64 // when task 0's first run returned, µs since the epoch
+			h := func(ctx context.Context, task *asynq.Task) error {
+				var p orderPayload
+				_ = json.Unmarshal(task.Payload(), &p)
+				if retried, _ := asynq.GetRetryCount(ctx); p.Seq == 0 && retried == 0 {
+					// Run until task 1 waits for this one (it listens on the key's channel).
+					waitFor(t, 10*time.Second, "task 1 to wait", func() (bool, string) {
+						ch, err := g.rdb.PubSubChannels(context.Background(), "asynqmutex:order:*").Result()
+						return err == nil && len(ch) > 0, fmt.Sprint(ch, err)
+					})
+					if !fails {
+						time.Sleep(maxWait * 2 / 3) // still running past half task 1's MaxWait
+					}
+					returned.Store(time.Now().UnixMicro())
+					if fails {
+						return errors.New("transient")
+					}
+				}
+				return g.log.handler(ctx, task)
+			}
+			g.start(t, h)
+			// When task 1 goes back, measured from when task 0 returned.
+			var back time.Time
+			waitFor(t, 2*maxWait, "task 1 sent back, or task 0 done", func() (bool, string) {
+				if len(g.log.eventsOf(asynqmutex.OpOutOfTurn)) > 0 || g.log.done() > 0 && !fails {
+					back = time.Now()
+					return true, ""
+				}
+				return false, "waiting"
+			})
+			if got := g.ran(t, 2, 3*maxWait); !slices.Equal(got, names(0, 1)) {
+				t.Fatalf("ran %v, want %v", got, names(0, 1))
+			}
+			if fails {
+				after := back.Sub(time.UnixMicro(returned.Load()))
+				if after > maxWait/2 {
+					t.Errorf("task 1 went back %v after task 0 failed, want well within half its MaxWait (%v)", after, maxWait/2)
+				}
+				t.Logf("task 1 went back %v after task 0 failed (MaxWait %v)", after, maxWait)
+			} else if n := len(g.log.eventsOf(asynqmutex.OpOutOfTurn)); n > 0 {
+				t.Errorf("control: task 1 went back %d times; want it to wait for task 0, which ran for two thirds of its MaxWait", n)
+			}
+		})
+	}
+}

@@ -29,7 +29,9 @@ import (
 //     that go-redis sends again after a lost reply finds the place its first run took.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
-// place, as FormatPlace writes it. A sequence whose places are all finished expires after IdleKeep.
+// place, as FormatPlace writes it, and Requeue that the next place's task will run
+// again later: the place as FormatPlace writes it, then requeuedSuffix. A sequence
+// whose places are all finished expires after IdleKeep.
 const (
 	// DefaultPrefix is the prefix of every Redis key a Sequencer uses unless the
 	// Prefix option says otherwise. It is the lock's (mutex.DefaultPrefix): a key's
@@ -47,11 +49,13 @@ const (
 	fieldSkipped  = "skipped"
 	idPrefix      = "id:"
 	abandonedMark = "-"
+	// requeuedSuffix ends Requeue's announcement.
+	requeuedSuffix = " requeued"
 )
 
 // luaLayout defines the layout's constants for the scripts.
-var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, ABANDONED = %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
-	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, abandonedMark, IdleKeep.Milliseconds())
+var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
+	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
 
 // redisKey is the Redis key (and channel) of key's sequence under prefix.
 func redisKey(prefix, key string) string {

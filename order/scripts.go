@@ -18,9 +18,10 @@ var (
 	takeScript    = script("take")
 	enterScript   = script("enter").Flag(store.NoWrites)
 	finishScript  = script("finish")
+	requeueScript = script("requeue") // it only publishes, which a no-writes function may not
 	inspectScript = script("inspect").Flag(store.NoWrites)
 
-	scriptsLibrary = store.NewLibrary("asynqmutex_order", takeScript, enterScript, finishScript, inspectScript)
+	scriptsLibrary = store.NewLibrary("asynqmutex_order", takeScript, enterScript, finishScript, requeueScript, inspectScript)
 )
 
 func script(name string) *store.Script {

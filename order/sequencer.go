@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -155,6 +156,10 @@ type Holder struct {
 	// Abandoned is true when the producer gave the place up (its task was never
 	// enqueued): the key moves past it when its turn comes.
 	Abandoned bool
+	// Requeued is true, in a Turn that Await returns, when the task announced
+	// (Requeue) while Await waited that it stopped and will run again later: it is
+	// not running, though asynq may still say so for a moment.
+	Requeued bool
 }
 
 // Enter says whether place p of key may run: its Turn, in one read-only script call.
@@ -241,13 +246,27 @@ func finished(key string, p Place, cmd *redis.Cmd) (int64, error) {
 	return next, nil
 }
 
+// Requeue announces that the task of place p of key stopped and will run again
+// later (asynq retries it, or puts it back at a shutdown), if p is the key's next
+// place, so that the Awaits waiting for it return (Holder.Requeued) and their callers
+// judge it again. It changes nothing in Redis, and reports whether it announced.
+// One script call; safe for concurrent use.
+func (s *Sequencer) Requeue(ctx context.Context, key string, p Place) (bool, error) {
+	n, err := s.run.Run(ctx, requeueScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N).Int64()
+	if err != nil {
+		return false, fmt.Errorf("order: key %s: requeue place %v: %w", show(key), p.N, err)
+	}
+	return n == 1, nil
+}
+
 // Later is a Finish that travels in the round trip of another call: an ordered
 // task's place finished in the pipeline of its lock's release, so that order costs
 // the release no round trip of its own. Create it with FinishLater.
 type Later struct {
-	key string
-	p   Place
-	rd  *store.Rider
+	key     string
+	p       Place
+	rd      *store.Rider
+	requeue atomic.Bool // Requeue boarded rd
 }
 
 // FinishLater returns a Later for place p of key, and a context derived from ctx
@@ -260,27 +279,41 @@ type Later struct {
 // Finish's outcome, and sends it alone when no call carried it (clients that
 // differ, say). Safe for concurrent use.
 func (s *Sequencer) FinishLater(ctx context.Context, key string, p Place) (context.Context, *Later) {
-	l := &Later{key: key, p: p, rd: s.run.NewRider(finishScript, []string{redisKey(s.prefix, key)})}
+	l := &Later{key: key, p: p, rd: s.run.NewRider([]string{redisKey(s.prefix, key)})}
 	return store.Carry(ctx, l.rd), l
 }
 
 // Finish readies the Finish of l's place with how (see Sequencer.Finish); the next
-// call that may carry it does. Only the first Finish counts. It returns an error,
-// and readies nothing, if how is not Done, Skipped or Abandoned.
+// call that may carry it does. Only the first Finish or Requeue counts. It returns
+// an error, and readies nothing, if how is not Done, Skipped or Abandoned.
 func (l *Later) Finish(how How) error {
 	if err := checkHow(l.key, l.p, how); err != nil {
 		return err
 	}
-	l.rd.Board(l.p.Epoch, l.p.N, howArgs[how])
+	l.rd.Board(finishScript, l.p.Epoch, l.p.N, howArgs[how])
 	return nil
+}
+
+// Requeue readies a Sequencer.Requeue of l's place instead of a Finish: its task
+// will run again later. Only the first Finish or Requeue counts.
+func (l *Later) Requeue() {
+	if l.rd.Board(requeueScript, l.p.Epoch, l.p.N); l.rd.Boarded(requeueScript) {
+		l.requeue.Store(true)
+	}
 }
 
 // Result returns what Sequencer.Finish would: from the call that carried the Finish,
 // or, when none did, from sending it now with ctx. It returns 0 and nil when Finish
-// was not called: the place is not finished.
+// was not called: the place is not finished; for a Requeue, 0 and its error.
 func (l *Later) Result(ctx context.Context) (int64, error) {
 	cmd := l.rd.Result(ctx)
-	if cmd == nil {
+	switch {
+	case cmd == nil:
+		return 0, nil
+	case l.requeue.Load():
+		if err := cmd.Err(); err != nil {
+			return 0, fmt.Errorf("order: key %s: requeue place %v: %w", show(l.key), l.p.N, err)
+		}
 		return 0, nil
 	}
 	return finished(l.key, l.p, cmd)
@@ -291,7 +324,8 @@ func (l *Later) Result(ctx context.Context) (int64, error) {
 // place, and asks again when one comes (no polling), unless the announcement is p
 // itself, which it returns as TurnNow without asking. It returns the first Turn that
 // differs, p's turn or a wait for a later place, so that the caller can judge the
-// task that holds it; or the last Turn when maxWait ended first, its Holder's Age
+// task that holds it; the Turn with Holder.Requeued set when that task announced that
+// it will run again later (Requeue); or the last Turn when maxWait ended first, its Holder's Age
 // grown by the time since it was asked (on this process's clock). The Awaits of a
 // Sequencer share one pub/sub connection, open while any waits. When ctx ends, it
 // returns ctx's error. When the connection breaks or falls silent (noticed within
@@ -321,6 +355,14 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 			return aged(), nil // maxWait ended
 		}
 		for _, m := range news {
+			if r, ok := strings.CutSuffix(m, requeuedSuffix); ok {
+				if held, ok := ParsePlace(r); ok && held.Epoch == p.Epoch && held.N == t.Next {
+					t := aged()
+					t.Holder.Requeued = true
+					return t, nil
+				}
+				continue
+			}
 			if next, ok := ParsePlace(m); ok && next.Epoch == p.Epoch {
 				switch next.N {
 				case p.N: // its turn: the announcement says as much as Enter would

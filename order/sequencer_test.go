@@ -453,3 +453,45 @@ func waitUntil(t *testing.T, within time.Duration, cond func() bool, say func() 
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestRequeueEndsTheWaitsForAPlace(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "default", "a")
+	p2, _ := s.Take(ctx, key, "default", "b")
+	got := make(chan Turn, 1)
+	go func() {
+		turn, err := s.Await(ctx, key, p2, time.Minute)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- turn
+	}()
+	waitUntil(t, 10*time.Second, func() bool {
+		return sharedServer(t).PubSubNumSub(ctx, redisKey(DefaultPrefix, key)).Val()[redisKey(DefaultPrefix, key)] == 1
+	}, func() string { return "Await did not subscribe" })
+	// Control: a place that is not the key's next announces nothing.
+	if ok, err := s.Requeue(ctx, key, p2); ok || err != nil {
+		t.Fatalf("Requeue(place 2) = %v, %v; want false: place 1 is next", ok, err)
+	}
+	select {
+	case turn := <-got:
+		t.Fatalf("Await returned %+v on a Requeue of another place", turn)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if ok, err := s.Requeue(ctx, key, p1); !ok || err != nil {
+		t.Fatalf("Requeue(place 1) = %v, %v; want true", ok, err)
+	}
+	select {
+	case turn := <-got:
+		if turn.State != TurnWait || turn.Next != 1 || !turn.Holder.Requeued || turn.Holder.TaskID != "a" {
+			t.Fatalf("Await after place 1's Requeue = %+v; want a wait for place 1, its holder requeued", turn)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Await was not ended by place 1's Requeue")
+	}
+	// Nothing changed: place 1 is next still.
+	if turn, err := s.Enter(ctx, key, p2); err != nil || turn.State != TurnWait || turn.Next != 1 || turn.Holder.Requeued {
+		t.Fatalf("Enter(place 2) after a Requeue = %+v, %v; want a wait for place 1", turn, err)
+	}
+}

@@ -11,7 +11,7 @@ import (
 // A Rider is a script call that travels in the round trip of another package's
 // call: a step that must follow the caller's work and may go with its last Redis
 // call (an ordered task's place, finished in the pipeline of its lock's release).
-// Carry puts it in a context; once Board gave it its arguments, the next Run made
+// Carry puts it in a context; once Board gave it its script and arguments, the next Run made
 // with that context, or one derived from it, by a Runner on the same redis client,
 // sends it first in one pipeline with its own script: one round trip for both.
 // Result is its reply, and sends it alone when no call carried it.
@@ -22,19 +22,25 @@ import (
 // safe for concurrent use.
 type Rider struct {
 	run  *Runner
-	s    *Script
 	keys []string
 
-	args   atomic.Pointer[[]any] // set by Board
-	taken  atomic.Bool           // a call carries it, or Result sends it
-	done   chan struct{}         // closed once cmd is set
+	call   atomic.Pointer[call] // set by Board
+	taken  atomic.Bool          // a call carries it, or Result sends it
+	done   chan struct{}        // closed once cmd is set
 	cmd    *redis.Cmd
 	finish sync.Once
 }
 
-// NewRider returns a Rider that runs s on keys (one hash slot), through r.
-func (r *Runner) NewRider(s *Script, keys []string) *Rider {
-	return &Rider{run: r, s: s, keys: keys, done: make(chan struct{})}
+// call is a Rider's script and arguments.
+type call struct {
+	s    *Script
+	args []any
+}
+
+// NewRider returns a Rider that runs a script, which Board names, on keys (one hash
+// slot), through r.
+func (r *Runner) NewRider(keys []string) *Rider {
+	return &Rider{run: r, keys: keys, done: make(chan struct{})}
 }
 
 type riderKey struct{}
@@ -44,24 +50,27 @@ func Carry(ctx context.Context, rd *Rider) context.Context {
 	return context.WithValue(ctx, riderKey{}, rd)
 }
 
-// Board makes rd ready to go with args: the next call that may carry it does.
-// Only the first Board counts.
-func (rd *Rider) Board(args ...any) {
-	rd.args.CompareAndSwap(nil, &args)
+// Board makes rd ready to go as a call of s with args: the next call that may carry
+// it does. Only the first Board counts.
+func (rd *Rider) Board(s *Script, args ...any) {
+	rd.call.CompareAndSwap(nil, &call{s: s, args: args})
 }
 
-// Boarded reports whether Board was called.
-func (rd *Rider) Boarded() bool { return rd.args.Load() != nil }
+// Boarded reports whether rd boarded as a call of s.
+func (rd *Rider) Boarded(s *Script) bool {
+	c := rd.call.Load()
+	return c != nil && c.s == s
+}
 
 // Result returns rd's reply: that of the call that carried it, or, when none did,
 // of its own call, sent now with ctx. It returns nil if rd never boarded.
 func (rd *Rider) Result(ctx context.Context) *redis.Cmd {
-	args := rd.args.Load()
-	if args == nil {
+	c := rd.call.Load()
+	if c == nil {
 		return nil
 	}
 	if rd.taken.CompareAndSwap(false, true) {
-		rd.set(rd.run.Run(ctx, rd.s, rd.keys, *args...))
+		rd.set(rd.run.Run(ctx, c.s, rd.keys, c.args...))
 	}
 	<-rd.done
 	return rd.cmd
@@ -76,28 +85,28 @@ func (rd *Rider) set(cmd *redis.Cmd) {
 
 // riderFor returns the Rider that ctx carries, boarded and not sent, if r may
 // carry it (it runs on r's redis client), and takes it; nil otherwise.
-func (r *Runner) riderFor(ctx context.Context) (*Rider, []any) {
+func (r *Runner) riderFor(ctx context.Context) (*Rider, *call) {
 	rd, ok := ctx.Value(riderKey{}).(*Rider)
-	if !ok || rd.run.c != r.c {
+	if !ok || rd == nil || rd.run.c != r.c {
 		return nil, nil
 	}
-	args := rd.args.Load()
-	if args == nil || !rd.taken.CompareAndSwap(false, true) {
+	c := rd.call.Load()
+	if c == nil || !rd.taken.CompareAndSwap(false, true) {
 		return nil, nil
 	}
-	return rd, *args
+	return rd, c
 }
 
 // runCarrying sends rd's call and then s's in one pipeline, and returns s's reply;
 // rd's is kept for its Result. A call that failed for a missing function or
 // script goes again alone, through Run and its fallbacks.
-func (r *Runner) runCarrying(ctx context.Context, rd *Rider, rdArgs []any, s *Script, keys []string, args []any) *redis.Cmd {
+func (r *Runner) runCarrying(ctx context.Context, rd *Rider, c *call, s *Script, keys []string, args []any) *redis.Cmd {
 	pipe := r.c.Pipeline()
-	rc := rd.run.queue(ctx, pipe, rd.s, rd.keys, rdArgs)
+	rc := rd.run.queue(ctx, pipe, c.s, rd.keys, c.args)
 	mc := r.queue(ctx, pipe, s, keys, args)
 	_, _ = pipe.Exec(ctx)
 	if retryAlone(rc.Err()) {
-		rc = rd.run.Run(ctx, rd.s, rd.keys, rdArgs...)
+		rc = rd.run.Run(ctx, c.s, rd.keys, c.args...)
 	}
 	rd.set(rc)
 	if retryAlone(mc.Err()) {

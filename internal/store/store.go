@@ -69,8 +69,8 @@ func (r *Runner) CountsSubscribers() bool { return r.countsSubscribers }
 // When ctx carries a boarded Rider of a Runner on the same redis client, Run sends
 // it first, in one pipeline with s (see Rider).
 func (r *Runner) Run(ctx context.Context, s *Script, keys []string, args ...any) *redis.Cmd {
-	if rd, rdArgs := r.riderFor(ctx); rd != nil {
-		return r.runCarrying(ctx, rd, rdArgs, s, keys, args)
+	if rd, c := r.riderFor(ctx); rd != nil {
+		return r.runCarrying(ctx, rd, c, s, keys, args)
 	}
 	if s.lib == nil || r.evalOnly.Load() {
 		return s.s.Run(ctx, r.c, keys, args...)

@@ -127,7 +127,7 @@ func run(out io.Writer, o options) error {
 
 	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
 		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
-	for _, g := range []*group{lockGroup, asynqGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup} {
+	for _, g := range []*group{lockGroup, asynqGroup, orderGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup} {
 		printGroup(out, g, todo, results)
 	}
 	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")

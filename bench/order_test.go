@@ -58,6 +58,7 @@ func TestOrderFigures(t *testing.T) {
 		"first start":               1,
 		"inversions":                1,
 		"handler mean":              5.125,
+		"drain ÷ handlers":          48.0 / 41,
 		"gap mean":                  2500.0 / 6,
 		"gap p50":                   400,
 		"gap p99":                   1000,

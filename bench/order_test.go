@@ -42,7 +42,7 @@ func TestOrderFigures(t *testing.T) {
 		enqueue: 800 * time.Microsecond, inversions: 1, handlers: 41 * time.Millisecond,
 		gaps:      []time.Duration{100 * time.Microsecond, 200 * time.Microsecond, 300 * time.Microsecond, 1000 * time.Microsecond, 400 * time.Microsecond, 500 * time.Microsecond},
 		outOfTurn: 3}
-	run := usage{usec: 800, calls: 240, redisCPU: 1600 * time.Microsecond}
+	run := usage{usec: 800, calls: 240, redisCPU: 1600 * time.Microsecond, goCPU: 2400 * time.Microsecond}
 	enq := usage{usec: 160}
 	f := orderFigures(tot, run, enq, 5*time.Millisecond)
 	for name, want := range map[string]float64{
@@ -50,6 +50,7 @@ func TestOrderFigures(t *testing.T) {
 		"Redis server time":         100,
 		"Redis calls":               30,
 		"Redis CPU":                 200,
+		"Go CPU":                    300,
 		"enqueue":                   100,
 		"enqueue Redis server time": 20,
 		"sent back":                 1.5,

@@ -48,8 +48,8 @@ func init() {
 			},
 		},
 		scenario{
-			name: fmt.Sprintf("order: %d × %v tasks, one hot key, concurrency %d (ideal drain %v)",
-				orderHotTasks, orderHotWork, orderHotConcurrency, orderHotTasks*orderHotWork),
+			name: fmt.Sprintf("order: %d × %v tasks, one hot key (ideal drain %v)",
+				orderHotTasks, orderHotWork, orderHotTasks*orderHotWork),
 			group: orderGroup,
 			metrics: []metric{
 				{name: "drain", unit: "ms"},
@@ -67,7 +67,7 @@ func init() {
 				{name: "Redis calls", unit: "per task"},
 			},
 			run: func(ctx context.Context, e *env) (figures, error) {
-				return runOrdered(ctx, e, orderHot(), false)
+				return runOrdered(ctx, e, orderHot(e.orderWorkers), false)
 			},
 		},
 	)
@@ -81,8 +81,8 @@ const (
 	orderConcurrency = 20
 
 	// The hot key: orderHotTasks tasks of orderHotWork each, enqueued in order, run
-	// by orderHotConcurrency workers; ideally one after another, orderHotTasks ×
-	// orderHotWork in all.
+	// by one server of orderHotConcurrency workers (-order-concurrency); ideally one
+	// after another, orderHotTasks × orderHotWork in all.
 	orderHotTasks       = 200
 	orderHotWork        = 5 * time.Millisecond
 	orderHotConcurrency = 4
@@ -173,8 +173,8 @@ func orderDistinct(tasks int) orderWorkload {
 		key: func(batch string, i int) string { return batch + "-" + strconv.Itoa(i) }}
 }
 
-func orderHot() orderWorkload {
-	return orderWorkload{tasks: orderHotTasks, enqueuers: 1, concurrency: orderHotConcurrency,
+func orderHot(concurrency int) orderWorkload {
+	return orderWorkload{tasks: orderHotTasks, enqueuers: 1, concurrency: concurrency,
 		key: func(batch string, _ int) string { return batch }, work: orderHotWork, record: true}
 }
 

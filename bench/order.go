@@ -86,6 +86,12 @@ const (
 	orderHotTasks       = 200
 	orderHotWork        = 5 * time.Millisecond
 	orderHotConcurrency = 4
+
+	// orderCycles is how many times a run cycles through the contenders, forwards
+	// and backwards, a batch per turn: a batch lasts about a second, and on a shared
+	// machine one or two per contender left a run's ratio to the noise of a few
+	// seconds (0.7 to 1.2 between runs on distinct keys).
+	orderCycles = 3
 )
 
 func ratioTo(figure, ref string) string { return figure + " ÷ " + ref }
@@ -180,7 +186,7 @@ func orderHot(concurrency int) orderWorkload {
 
 // runOrdered runs one ordered-task scenario: a side per contender (bare asynq only
 // when withBare), each warmed up with one batch, then interleaved, one batch per turn,
-// forwards then backwards. The ratios are taken within the run.
+// forwards then backwards, orderCycles times. The ratios are taken within the run.
 func runOrdered(ctx context.Context, e *env, w orderWorkload, withBare bool) (figures, error) {
 	var (
 		names []string
@@ -200,7 +206,7 @@ func runOrdered(ctx context.Context, e *env, w orderWorkload, withBare bool) (fi
 		}
 		s.reset()
 	}
-	figs, err := interleave(ctx, 0, 1, names, sides)
+	figs, err := interleave(ctx, 0, orderCycles, names, sides)
 	if err != nil {
 		return nil, err
 	}

@@ -48,7 +48,7 @@ func init() {
 			},
 		},
 		scenario{
-			name: fmt.Sprintf("order: %d × %v tasks, one hot key (ideal drain %v)",
+			name: fmt.Sprintf("order: %d × %v tasks on one key (ideal drain %v)",
 				orderHotTasks, orderHotWork, orderHotTasks*orderHotWork),
 			group: orderGroup,
 			metrics: []metric{

@@ -40,13 +40,14 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 3, "runs of every scenario; the tables show the medians (fairness: the worst round)")
 	flag.IntVar(&o.round, "round", 1000, "acquisitions per hot-key round, over which fairness is taken")
 	flag.IntVar(&o.tasks, "tasks", 5000, "no-op tasks per asynq batch on distinct keys; one batch per contender, twice per run")
+	flag.IntVar(&o.orderWorkers, "order-concurrency", orderHotConcurrency, "the asynq server's concurrency in the ordered hot-key scenario")
 	flag.StringVar(&o.only, "only", "", "run only the scenarios whose name contains this")
 	flag.BoolVar(&o.verbose, "v", false, "print every run's figures to stderr")
 	flag.IntVar(&o.callgrind, "callgrind", 0, "with -only naming one rate scenario exactly and -contender: the pid of the valgrind --tool=callgrind running the REDIS_ADDR server; one measured turn (see rate.go's probeRate and callgrind.sh)")
 	flag.StringVar(&o.contender, "contender", "", "the contender of -callgrind: asynqmutex, redis_rate or \"INCR floor\"")
 	flag.Parse()
-	if o.d < 100*time.Millisecond || o.runs < 1 || o.round < 10 || o.tasks < 100 {
-		fmt.Fprintln(os.Stderr, "bench: want -d ≥ 100ms, -runs ≥ 1, -round ≥ 10, -tasks ≥ 100")
+	if o.d < 100*time.Millisecond || o.runs < 1 || o.round < 10 || o.tasks < 100 || o.orderWorkers < 1 {
+		fmt.Fprintln(os.Stderr, "bench: want -d ≥ 100ms, -runs ≥ 1, -round ≥ 10, -tasks ≥ 100, -order-concurrency ≥ 1")
 		os.Exit(2)
 	}
 	if err := run(os.Stdout, o); err != nil {
@@ -63,6 +64,8 @@ type options struct {
 	tasks   int
 	only    string
 	verbose bool
+
+	orderWorkers int // the ordered hot key's concurrency
 
 	callgrind int
 	contender string
@@ -125,9 +128,9 @@ func run(out io.Writer, o options) error {
 		}
 	}
 
-	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d; %d runs, medians (fairness: worst round)\n",
-		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.runs)
-	for _, g := range []*group{lockGroup, asynqGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup} {
+	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d -order-concurrency %d; %d runs, medians (fairness: worst round)\n",
+		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.orderWorkers, o.runs)
+	for _, g := range []*group{lockGroup, asynqGroup, orderGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup} {
 		printGroup(out, g, todo, results)
 	}
 	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")

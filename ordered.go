@@ -285,6 +285,15 @@ func placeOutcome(err error, meta taskMeta, ended bool) (order.How, string) {
 func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key string, p order.Place, wait time.Duration, lastTry bool, dueAt *time.Time) (order.Turn, error) {
 	deadline := time.Now().Add(wait)
 	turn, err := m.seq.Enter(ctx, key, p)
+	// A task that waits listens on its key's channel until it is done waiting, so
+	// that it hears what is announced while it asks asynq about the task ahead, and
+	// asks Redis again only when an announcement leaves it unsure.
+	var watch *order.Watch
+	defer func() {
+		if watch != nil {
+			watch.Close()
+		}
+	}()
 	for range maxOrderSteps {
 		if err != nil || turn.State != order.TurnWait {
 			return turn, err
@@ -312,7 +321,10 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 			// grace has passed.
 			left = min(left, m.orderGrace-h.Age)
 		}
-		turn, err = m.seq.Await(ctx, key, p, left)
+		if watch == nil {
+			watch = m.seq.Watch(key)
+		}
+		turn, err = watch.Await(ctx, p, left)
 	}
 	return turn, err
 }

@@ -29,8 +29,10 @@ import (
 //     that go-redis sends again after a lost reply finds the place its first run took.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
-// place, as FormatPlace writes it, and Requeue that the next place's task will run
-// again later: the place as FormatPlace writes it, then requeuedSuffix. A sequence
+// place, as FormatPlace writes it, followed, when the place is taken, by " <µs now>
+// <record>" (its holder, for waiters to judge without asking); and Requeue that the
+// next place's task will run again later: the place as FormatPlace writes it, then
+// requeuedSuffix. A sequence
 // whose places are all finished expires after IdleKeep.
 const (
 	// DefaultPrefix is the prefix of every Redis key a Sequencer uses unless the

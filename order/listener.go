@@ -65,9 +65,10 @@ func newListener(run *store.Runner) *listener {
 }
 
 // join registers a waiter on the channel name, subscribing to it if nobody listens
-// to it yet. The waiter is told to ask again once the subscription is confirmed (at
-// once, if it is already).
-func (l *listener) join(name string) *listen {
+// to it yet. The waiter is told to ask again once the subscription is confirmed; and
+// at once, if it is already and ask is set (the waiter's question came before it
+// joined).
+func (l *listener) join(name string, ask bool) *listen {
 	w := &listen{name: name, kick: make(chan struct{}, 1)}
 	l.mu.Lock()
 	c := l.chans[name]
@@ -76,7 +77,7 @@ func (l *listener) join(name string) *listen {
 		l.chans[name] = c
 	}
 	c.waiters[w] = struct{}{}
-	if c.confirmed {
+	if c.confirmed && ask {
 		w.add("")
 	}
 	l.mu.Unlock()

@@ -495,3 +495,83 @@ func TestRequeueEndsTheWaitsForAPlace(t *testing.T) {
 		t.Fatalf("Enter(place 2) after a Requeue = %+v, %v; want a wait for place 1", turn, err)
 	}
 }
+
+// calls counts the script calls a redis client sent alone (not in pipelines) and got
+// answered: the Sequencer's steps, not a connection's HELLO or a subscription.
+type calls struct{ n atomic.Int64 }
+
+func (h *calls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *calls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		switch cmd.Name() {
+		case "fcall", "fcall_ro", "evalsha", "eval":
+			h.n.Add(1)
+		}
+		return err
+	}
+}
+func (h *calls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestWatchHearsWhatIsAnnouncedBetweenAwaits: a Watch waits, returns on a new next
+// place with its holder named by the announcement (no question to Redis), misses
+// nothing announced while its caller looks at that holder, and returns its turn from
+// the announcement alone.
+func TestWatchHearsWhatIsAnnouncedBetweenAwaits(t *testing.T) {
+	t.Parallel()
+	rdb := sharedServer(t)
+	h := &calls{}
+	rdb.AddHook(h)
+	waiter, finisher := New(rdb), New(sharedServer(t))
+	ctx, key := context.Background(), uniqueKey(t)
+	p1, _ := finisher.Take(ctx, key, "q", "a")
+	p2, _ := finisher.Take(ctx, key, "q", "b")
+	p3, _ := finisher.Take(ctx, key, "q", "c")
+	// The scripts loaded first, so that the count below sees only the Await's Enter.
+	if _, err := waiter.Enter(ctx, key, p3); err != nil {
+		t.Fatal(err)
+	}
+	h.n.Store(0)
+	w := waiter.Watch(key)
+	defer w.Close()
+	got := make(chan Turn)
+	await := func() {
+		go func() {
+			turn, err := w.Await(ctx, p3, time.Minute)
+			if err != nil {
+				t.Errorf("Await: %v", err)
+			}
+			got <- turn
+		}()
+	}
+	await()
+	// Its first Enter answered (place 1 next) and its subscription is in place, before
+	// place 1 finishes.
+	waitUntil(t, 10*time.Second, func() bool { return h.n.Load() >= 1 }, func() string { return "the first Await did not ask Enter" })
+	waitUntil(t, 10*time.Second, func() bool {
+		return rdb.PubSubNumSub(ctx, redisKey(DefaultPrefix, key)).Val()[redisKey(DefaultPrefix, key)] == 1
+	}, func() string { return "the Watch did not subscribe" })
+	if _, err := finisher.Finish(ctx, key, p1, Done); err != nil {
+		t.Fatal(err)
+	}
+	turn := <-got
+	if turn.State != TurnWait || turn.Next != 2 || turn.Holder.TaskID != "b" || turn.Holder.Queue != "q" {
+		t.Fatalf("Await after place 1 finished = %+v; want a wait for place 2, held by b in q", turn)
+	}
+	// Counted from here: the subscription's confirmation came before the
+	// announcement, on the same connection, and any question it raised is answered.
+	before := h.n.Load()
+	// Place 2 finishes while nobody awaits: the Watch heard it.
+	if _, err := finisher.Finish(ctx, key, p2, Done); err != nil {
+		t.Fatal(err)
+	}
+	await()
+	if turn := <-got; turn.State != TurnNow || turn.Next != 3 {
+		t.Fatalf("Await after place 2 finished between Awaits = %+v; want its turn", turn)
+	}
+	if n := h.n.Load() - before; n != 0 {
+		t.Errorf("the waiter sent %d commands for the second wait, want 0: the announcement said it all", n)
+	}
+}

@@ -1,6 +1,7 @@
 -- finish: mark a place finished, if it is the key's next, and wake the key's waiters:
 -- it publishes the new next place, "<epoch>:<place>" as FormatPlace writes it, on the
--- sequence's own name.
+-- sequence's own name, followed, when the place is taken, by a space, the server's
+-- time and a space, and the place's record (layout.go).
 --
 -- KEYS[1] -> the key's sequence, a hash (layout.go); also its channel
 -- ARGV[1] -> the place's epoch
@@ -65,5 +66,14 @@ end
 if nxt > last then
   redis.call('PEXPIRE', key, KEEP_MS)
 end
-redis.call('PUBLISH', key, epoch .. ':' .. int(nxt))
+-- The announcement names the new next place's holder, so that a waiter whose place
+-- is later judges it without asking again.
+local msg = epoch .. ':' .. int(nxt)
+if nxt <= last then
+  local rec = redis.call('HGET', key, nxt)
+  if rec then
+    msg = msg .. ' ' .. int(now()) .. ' ' .. rec
+  end
+end
+redis.call('PUBLISH', key, msg)
 return nxt

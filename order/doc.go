@@ -9,7 +9,10 @@
 // has come: it has when every earlier place is finished. Finish marks a place finished
 // (done, or skipped past) and wakes the tasks waiting for the key (Await, never
 // polling: the Awaits of a Sequencer share one pub/sub connection, subscribed to the
-// channels of the keys they wait on).
+// channels of the keys they wait on; a Watch keeps a caller listening across several
+// waits). Requeue tells them that the next place's task stopped and will run again
+// later. FinishLater sends a Finish in the round trip of another call, a lock's
+// release.
 //
 // A key's sequence is one Redis hash; each place taken and not yet finished is one
 // field of it. A sequence idle (every place finished) for IdleKeep is forgotten, and

@@ -299,7 +299,7 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 			return turn, err
 		}
 		h := turn.Holder
-		reason, running, unseen, due := m.holderState(h)
+		reason, running, due := m.holderState(h)
 		*dueAt = due
 		if reason != "" {
 			gap := order.Place{Epoch: p.Epoch, N: turn.Next}
@@ -313,52 +313,54 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 			continue
 		}
 		left := time.Until(deadline)
-		if left <= 0 || !running && !unseen && !lastTry {
+		// A task ahead whose place is younger than the grace may be on its way still:
+		// its producer enqueuing it, or asynq about to hand it to a worker. Unless it
+		// said it will run again later, wait for it until the grace has passed, then
+		// ask asynq again.
+		young := !running && h.Age < m.orderGrace && !h.Requeued
+		if left <= 0 || !running && !young && !lastTry {
 			return turn, nil
 		}
-		if unseen {
-			// Its producer may be enqueuing it still: ask asynq again once the
-			// grace has passed.
+		if young {
 			left = min(left, m.orderGrace-h.Age)
 		}
 		if watch == nil {
 			watch = m.seq.Watch(key)
 		}
-		turn, err = watch.Await(ctx, p, left)
+		turn, err = watch.Await(ctx, p, turn, left)
 	}
 	return turn, err
 }
 
 // holderState says whether the task h that holds a key's next place is gone for
 // good, and why ("archived", "completed", "missing", "abandoned"); else whether it is
-// running, whether asynq does not hold it yet (unseen: its place is younger than
-// OrderGrace, and its producer may be enqueuing it), and when it is due if it waits
-// for a retry or its ProcessAt. A task that announced it will run again later
-// (Holder.Requeued) is not running, whatever asynq says for the moment before it
-// moves it. When asynq cannot say, the task counts as running, so that a successor
-// waits as it would without the question.
-func (m *middleware) holderState(h order.Holder) (gone string, running, unseen bool, due time.Time) {
+// running, or when it is due if it waits for a retry or its ProcessAt. A task asynq
+// does not hold counts as missing only once its place is older than OrderGrace. A
+// task that announced it will run again later (Holder.Requeued) is not running,
+// whatever asynq says for the moment before it moves it. When asynq cannot say, the
+// task counts as running, so that a successor waits as it would without the question.
+func (m *middleware) holderState(h order.Holder) (gone string, running bool, due time.Time) {
 	if h.Abandoned {
-		return "abandoned", false, false, due
+		return "abandoned", false, due
 	}
 	if h.TaskID == "" {
-		return "missing", false, false, due
+		return "missing", false, due
 	}
 	info, err := m.tasks.GetTaskInfo(h.Queue, h.TaskID)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 		if h.Age >= m.orderGrace {
-			return "missing", false, false, due
+			return "missing", false, due
 		}
-		return "", false, !h.Requeued, due
+		return "", false, due
 	case err != nil:
-		return "", !h.Requeued, false, due
+		return "", !h.Requeued, due
 	case info.State == asynq.TaskStateArchived:
-		return "archived", false, false, due
+		return "archived", false, due
 	case info.State == asynq.TaskStateCompleted:
-		return "completed", false, false, due
+		return "completed", false, due
 	case info.State == asynq.TaskStateRetry, info.State == asynq.TaskStateScheduled:
 		due = info.NextProcessAt
 	}
-	return "", info.State == asynq.TaskStateActive && !h.Requeued, false, due
+	return "", info.State == asynq.TaskStateActive && !h.Requeued, due
 }

@@ -27,7 +27,7 @@ func (s *Sequencer) Await(ctx context.Context, key string, p Place, maxWait time
 	w := &Watch{s: s, key: key, l: s.listen.join(redisKey(s.prefix, key), true)}
 	defer w.Close()
 	w.turn, w.asked, w.known = t, time.Now(), true
-	return w.Await(ctx, p, maxWait)
+	return w.Await(ctx, p, t, maxWait)
 }
 
 // A Watch listens on a key's channel from Watch to Close, so that a caller that
@@ -58,16 +58,25 @@ func (w *Watch) Close() {
 	}
 }
 
-// Await is Sequencer.Await for place p: it asks Enter the first time (after it began
-// to listen, so that nothing announced since is missed), and later starts from the
-// Turn it returned last and what was announced since.
-func (w *Watch) Await(ctx context.Context, p Place, maxWait time.Duration) (Turn, error) {
+// Await is Sequencer.Await for place p, from the Turn the caller has (from Enter, or
+// this Watch's last Await): it waits while the key's next place is the same. The first
+// time it asks Enter (after it began to listen, so that nothing announced since is
+// missed), and it returns at once what it knows that is newer than from: a next
+// place moved on since, announced while the caller looked at the task ahead.
+func (w *Watch) Await(ctx context.Context, p Place, from Turn, maxWait time.Duration) (Turn, error) {
 	if !w.known {
 		t, err := w.s.Enter(ctx, w.key, p)
 		if err != nil {
 			return t, err
 		}
 		w.turn, w.asked, w.known = t, time.Now(), true
+	}
+	// Places only move on: the later of the two next places is the news.
+	switch {
+	case from.Next >= w.turn.Next && w.turn.State == TurnWait:
+		w.turn, w.asked = from, time.Now()
+	default:
+		return w.turn, nil
 	}
 	t, err := w.await(ctx, p, maxWait)
 	w.turn, w.asked = t, time.Now()

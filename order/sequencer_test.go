@@ -518,7 +518,8 @@ func (h *calls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 // TestWatchHearsWhatIsAnnouncedBetweenAwaits: a Watch waits, returns on a new next
 // place with its holder named by the announcement (no question to Redis), misses
 // nothing announced while its caller looks at that holder, and returns its turn from
-// the announcement alone.
+// the announcement alone. TestWatchReturnsWhatTheCallerHasNotSeen covers a next
+// place that moved on before the first Await asked.
 func TestWatchHearsWhatIsAnnouncedBetweenAwaits(t *testing.T) {
 	t.Parallel()
 	rdb := sharedServer(t)
@@ -530,7 +531,8 @@ func TestWatchHearsWhatIsAnnouncedBetweenAwaits(t *testing.T) {
 	p2, _ := finisher.Take(ctx, key, "q", "b")
 	p3, _ := finisher.Take(ctx, key, "q", "c")
 	// The scripts loaded first, so that the count below sees only the Await's Enter.
-	if _, err := waiter.Enter(ctx, key, p3); err != nil {
+	last, err := waiter.Enter(ctx, key, p3)
+	if err != nil {
 		t.Fatal(err)
 	}
 	h.n.Store(0)
@@ -539,7 +541,7 @@ func TestWatchHearsWhatIsAnnouncedBetweenAwaits(t *testing.T) {
 	got := make(chan Turn)
 	await := func() {
 		go func() {
-			turn, err := w.Await(ctx, p3, time.Minute)
+			turn, err := w.Await(ctx, p3, last, time.Minute)
 			if err != nil {
 				t.Errorf("Await: %v", err)
 			}
@@ -560,6 +562,7 @@ func TestWatchHearsWhatIsAnnouncedBetweenAwaits(t *testing.T) {
 	if turn.State != TurnWait || turn.Next != 2 || turn.Holder.TaskID != "b" || turn.Holder.Queue != "q" {
 		t.Fatalf("Await after place 1 finished = %+v; want a wait for place 2, held by b in q", turn)
 	}
+	last = turn
 	// Counted from here: the subscription's confirmation came before the
 	// announcement, on the same connection, and any question it raised is answered.
 	before := h.n.Load()
@@ -573,5 +576,41 @@ func TestWatchHearsWhatIsAnnouncedBetweenAwaits(t *testing.T) {
 	}
 	if n := h.n.Load() - before; n != 0 {
 		t.Errorf("the waiter sent %d commands for the second wait, want 0: the announcement said it all", n)
+	}
+}
+
+// TestWatchReturnsWhatTheCallerHasNotSeen: the caller judged place 1's holder; by the
+// time its Watch's first Await asks, place 1 is finished. The Await returns the new
+// next place at once, for the caller to judge, instead of waiting on it unseen.
+func TestWatchReturnsWhatTheCallerHasNotSeen(t *testing.T) {
+	t.Parallel()
+	s, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "q", "a")
+	_, _ = s.Take(ctx, key, "q", "b")
+	p3, _ := s.Take(ctx, key, "q", "c")
+	judged, err := s.Enter(ctx, key, p3)
+	if err != nil || judged.Next != 1 {
+		t.Fatalf("Enter = %+v, %v; want a wait for place 1", judged, err)
+	}
+	if _, err := s.Finish(ctx, key, p1, Done); err != nil {
+		t.Fatal(err)
+	}
+	w := s.Watch(key)
+	defer w.Close()
+	start := time.Now()
+	const maxWait = time.Minute
+	turn, err := w.Await(ctx, p3, judged, maxWait)
+	if err != nil || turn.State != TurnWait || turn.Next != 2 || turn.Holder.TaskID != "b" {
+		t.Fatalf("Await = %+v, %v; want a wait for place 2, held by b", turn, err)
+	}
+	if d := time.Since(start); d > maxWait/2 {
+		t.Fatalf("Await returned after %v: it waited on a next place its caller had not judged", d)
+	}
+	// And a Turn newer than the Watch's is the caller's to wait from.
+	if _, err := s.Finish(ctx, key, Place{Epoch: p1.Epoch, N: 2}, Done); err != nil {
+		t.Fatal(err)
+	}
+	if turn, err = w.Await(ctx, p3, turn, maxWait); err != nil || turn.State != TurnNow {
+		t.Fatalf("Await after place 2 finished = %+v, %v; want its turn", turn, err)
 	}
 }

@@ -417,7 +417,7 @@ func TestRegressHandedOverLockSurvivesLostFirstRenewalReply(t *testing.T) {
 		rounds   = 4
 		ttl      = 3 * time.Second
 		handOver = 250 * time.Millisecond // the lease a release hands a WithLock waiter (Client.Lock's doc)
-		tries    = 3                      // per round, for the hand-over with the short lease to happen
+		tries    = 10                     // per round, for the hand-over with the short lease to happen
 	)
 	errPremise := errors.New("the lock was not handed over with the short lease")
 	for round := range rounds {

@@ -72,12 +72,10 @@ func (w *Watch) Await(ctx context.Context, p Place, from Turn, maxWait time.Dura
 		w.turn, w.asked, w.known = t, time.Now(), true
 	}
 	// Places only move on: the later of the two next places is the news.
-	switch {
-	case from.Next >= w.turn.Next && w.turn.State == TurnWait:
-		w.turn, w.asked = from, time.Now()
-	default:
+	if from.Next < w.turn.Next || w.turn.State != TurnWait {
 		return w.turn, nil
 	}
+	w.turn, w.asked = from, time.Now()
 	t, err := w.await(ctx, p, maxWait)
 	w.turn, w.asked = t, time.Now()
 	return t, err

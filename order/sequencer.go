@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -263,10 +262,9 @@ func (s *Sequencer) Requeue(ctx context.Context, key string, p Place) (bool, err
 // task's place finished in the pipeline of its lock's release, so that order costs
 // the release no round trip of its own. Create it with FinishLater.
 type Later struct {
-	key     string
-	p       Place
-	rd      *store.Rider
-	requeue atomic.Bool // Requeue boarded rd
+	key string
+	p   Place
+	rd  *store.Rider
 }
 
 // FinishLater returns a Later for place p of key, and a context derived from ctx
@@ -297,9 +295,7 @@ func (l *Later) Finish(how How) error {
 // Requeue readies a Sequencer.Requeue of l's place instead of a Finish: its task
 // will run again later. Only the first Finish or Requeue counts.
 func (l *Later) Requeue() {
-	if l.rd.Board(requeueScript, l.p.Epoch, l.p.N); l.rd.Boarded(requeueScript) {
-		l.requeue.Store(true)
-	}
+	l.rd.Board(requeueScript, l.p.Epoch, l.p.N)
 }
 
 // Result returns what Sequencer.Finish would: from the call that carried the Finish,
@@ -310,7 +306,7 @@ func (l *Later) Result(ctx context.Context) (int64, error) {
 	switch {
 	case cmd == nil:
 		return 0, nil
-	case l.requeue.Load():
+	case l.rd.Boarded(requeueScript):
 		if err := cmd.Err(); err != nil {
 			return 0, fmt.Errorf("order: key %s: requeue place %v: %w", show(l.key), l.p.N, err)
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -352,36 +351,17 @@ func (s *orderSide) run(ctx context.Context, _ time.Time) error {
 // enqueue puts the batch's tasks on qname from w.enqueuers goroutines: with the
 // Producer for ordered tasks, with the asynq.Client otherwise.
 func (s *orderSide) enqueue(ctx context.Context, batch, qname string) error {
-	var (
-		next  atomic.Int64
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	for range s.w.enqueuers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < s.w.tasks; i = int(next.Add(1)) - 1 {
-				p, _ := json.Marshal(orderPayload{ID: s.w.key(batch, i), N: i})
-				task := asynq.NewTask("bench:ordered", p)
-				var err error
-				if s.mw.prod != nil {
-					_, err = s.mw.prod.Enqueue(ctx, task, asynq.Queue(qname))
-				} else {
-					_, err = s.client.EnqueueContext(ctx, task, asynq.Queue(qname))
-				}
-				if err != nil {
-					mu.Lock()
-					first = errors.Join(first, err)
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return first
+	return benchkit.Parallel(s.w.enqueuers, s.w.tasks, func(i int) error {
+		p, _ := json.Marshal(orderPayload{ID: s.w.key(batch, i), N: i})
+		task := asynq.NewTask("bench:ordered", p)
+		var err error
+		if s.mw.prod != nil {
+			_, err = s.mw.prod.Enqueue(ctx, task, asynq.Queue(qname))
+		} else {
+			_, err = s.client.EnqueueContext(ctx, task, asynq.Queue(qname))
+		}
+		return err
+	})
 }
 
 type orderPayload struct {

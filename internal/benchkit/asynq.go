@@ -176,19 +176,27 @@ func loadInt(n *atomic.Int64) int64 {
 func Enqueue(ctx context.Context, rdb *redis.Client, qname string, tasks int, payload func(i int) []byte) error {
 	c := asynq.NewClientFromRedisClient(rdb)
 	defer c.Close() // does not close rdb: the connection is shared
+	return Parallel(8, tasks, func(i int) error {
+		_, err := c.EnqueueContext(ctx, asynq.NewTask("bench:task", payload(i)), asynq.Queue(qname))
+		return err
+	})
+}
+
+// Parallel calls fn(i) for every i in [0, n) from workers goroutines, each taking
+// the next i; a goroutine stops at its first error. It returns the errors joined.
+func Parallel(workers, n int, fn func(i int) error) error {
 	var (
 		next  atomic.Int64
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		first error
 	)
-	for range 8 {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < tasks; i = int(next.Add(1)) - 1 {
-				task := asynq.NewTask("bench:task", payload(i))
-				if _, err := c.EnqueueContext(ctx, task, asynq.Queue(qname)); err != nil {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				if err := fn(i); err != nil {
 					mu.Lock()
 					first = errors.Join(first, err)
 					mu.Unlock()

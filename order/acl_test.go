@@ -2,12 +2,9 @@ package order
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 )
@@ -18,38 +15,12 @@ const orderACLRules = "+hget +hmget +hset +hdel +hincrby +persist"
 
 // TestACLSuffices: a user with the worker rules (and the function rules) and the order
 // rules that docs/operating.md gives, and nothing else, takes places, waits, is woken,
-// finishes and inspects; without the order rules it is refused (the control).
+// requeues, finishes and inspects; without the order rules it is refused (the control).
 func TestACLSuffices(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../docs/operating.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(b)
-	i := strings.Index(text, "ACL SETUSER locker on >password ")
-	if i < 0 {
-		t.Fatal("docs/operating.md quotes no ACL rules")
-	}
-	lines := strings.Split(text[i:i+strings.Index(text[i:], "```")], "\n")
-	var worker, functions string
-	found := false
-	for j, line := range lines {
-		line = strings.TrimSpace(line)
-		switch {
-		case j == 0:
-			worker = strings.TrimPrefix(line, "ACL SETUSER locker on >password ")
-		case j <= 2:
-			worker += " " + line
-		case strings.HasPrefix(line, "+fcall"):
-			functions = line
-		case line == orderACLRules:
-			found = true
-		}
-	}
-	if !found {
-		t.Fatalf("docs/operating.md does not quote %q", orderACLRules)
-	}
-
+	acl := redistest.ReadDocACL(t, "../docs/operating.md")
+	acl.Quotes(t, orderACLRules)
+	worker, functions := acl.Worker, acl.Functions
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
@@ -62,15 +33,7 @@ func TestACLSuffices(t *testing.T) {
 		{"noorder", worker + " " + functions, false},
 	} {
 		t.Run(tt.user, func(t *testing.T) {
-			args := []any{"ACL", "SETUSER", tt.user, "on", ">" + tt.user + "-secret"}
-			for _, r := range strings.Fields(tt.rules) {
-				args = append(args, r)
-			}
-			if err := admin.Do(ctx, args...).Err(); err != nil {
-				t.Fatal(err)
-			}
-			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: tt.user, Password: tt.user + "-secret"})
-			t.Cleanup(func() { rdb.Close() })
+			rdb := srv.User(t, admin, tt.user, tt.rules)
 			s, key := New(rdb), uniqueKey(t)
 			p1, err := s.Take(ctx, key, "default", "a")
 			if !tt.ok {
@@ -105,6 +68,9 @@ func TestACLSuffices(t *testing.T) {
 				}
 			case <-time.After(30 * time.Second):
 				t.Fatalf("as %s: Await not woken", tt.user)
+			}
+			if ok, err := s.Requeue(ctx, key, p2); err != nil || !ok {
+				t.Fatalf("Requeue as %s = %v, %v; want it announced", tt.user, ok, err)
 			}
 			if _, err := s.Finish(ctx, key, p2, Skipped); err != nil {
 				t.Fatalf("Finish as %s: %v", tt.user, err)

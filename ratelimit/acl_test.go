@@ -2,12 +2,9 @@ package ratelimit
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 )
@@ -22,37 +19,9 @@ const rateACLRules = "+zrange +zadd +zscore +zmscore +zrem +zremrangebyscore +pe
 // it is refused (the control).
 func TestACLSuffices(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../docs/operating.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(b)
-	i := strings.Index(text, "ACL SETUSER locker on >password ")
-	if i < 0 {
-		t.Fatal("docs/operating.md quotes no ACL rules")
-	}
-	lines := strings.Split(text[i:i+strings.Index(text[i:], "```")], "\n")
-	var worker, functions, operator string
-	found := false
-	for j, line := range lines {
-		line = strings.TrimSpace(line)
-		switch {
-		case j == 0:
-			worker = strings.TrimPrefix(line, "ACL SETUSER locker on >password ")
-		case j <= 2:
-			worker += " " + line
-		case strings.HasPrefix(line, "+fcall"):
-			functions = line
-		case line == rateACLRules:
-			found = true
-		case strings.HasPrefix(line, "+lrange"):
-			operator = line
-		}
-	}
-	if !found {
-		t.Fatalf("docs/operating.md does not quote %q", rateACLRules)
-	}
-
+	acl := redistest.ReadDocACL(t, "../docs/operating.md")
+	acl.Quotes(t, rateACLRules)
+	worker, functions, operator := acl.Worker, acl.Functions, acl.Operator
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
@@ -66,15 +35,7 @@ func TestACLSuffices(t *testing.T) {
 		{"norate", worker + " " + functions, false, false},
 	} {
 		t.Run(tt.user, func(t *testing.T) {
-			args := []any{"ACL", "SETUSER", tt.user, "on", ">" + tt.user + "-secret"}
-			for _, r := range strings.Fields(tt.rules) {
-				args = append(args, r)
-			}
-			if err := admin.Do(ctx, args...).Err(); err != nil {
-				t.Fatal(err)
-			}
-			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: tt.user, Password: tt.user + "-secret"})
-			t.Cleanup(func() { rdb.Close() })
+			rdb := srv.User(t, admin, tt.user, tt.rules)
 			l, key := New(rdb), uniqueKey(t)
 			lim := Limit{N: 1, Per: 50 * time.Millisecond}
 			steps := []struct {

@@ -2,7 +2,6 @@ package order
 
 import (
 	"context"
-	"strings"
 	"time"
 )
 
@@ -137,29 +136,4 @@ func (w *Watch) await(ctx context.Context, p Place, maxWait time.Duration) (Turn
 		}
 		t, asked = nt, time.Now()
 	}
-}
-
-// announcement is what Finish and Requeue publish on a key's channel (layout.go).
-type announcement struct {
-	place    Place   // the key's new next place; or, requeued, the place whose task will run again
-	requeued bool    // Requeue's
-	holder   *Holder // the new next place's holder, when Finish named it
-}
-
-// parseAnnouncement reads an announcement; ok is false for anything else.
-func parseAnnouncement(m string) (a announcement, ok bool) {
-	head, rest, _ := strings.Cut(m, " ")
-	if a.place, ok = ParsePlace(head); !ok {
-		return a, false
-	}
-	switch {
-	case rest == strings.TrimPrefix(requeuedSuffix, " "):
-		a.requeued = true
-	case rest != "":
-		now, rec, _ := strings.Cut(rest, " ")
-		if h := holder(rec, number(now)); h.TaskID != "" {
-			a.holder = &h
-		}
-	}
-	return a, true
 }

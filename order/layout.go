@@ -96,3 +96,28 @@ func (r record) String() string {
 	}
 	return s
 }
+
+// announcement is what Finish and Requeue publish on a key's channel (layout.go).
+type announcement struct {
+	place    Place   // the key's new next place; or, requeued, the place whose task will run again
+	requeued bool    // Requeue's
+	holder   *Holder // the new next place's holder, when Finish named it
+}
+
+// parseAnnouncement reads an announcement; ok is false for anything else.
+func parseAnnouncement(m string) (a announcement, ok bool) {
+	head, rest, _ := strings.Cut(m, " ")
+	if a.place, ok = ParsePlace(head); !ok {
+		return a, false
+	}
+	switch {
+	case rest == strings.TrimPrefix(requeuedSuffix, " "):
+		a.requeued = true
+	case rest != "":
+		now, rec, _ := strings.Cut(rest, " ")
+		if h := holder(rec, number(now)); h.TaskID != "" {
+			a.holder = &h
+		}
+	}
+	return a, true
+}

@@ -9,10 +9,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/asynqmutex/asynqmutex/internal/jsonscan"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
 
@@ -59,8 +59,8 @@ func Key(taskType string, values ...string) (string, error) {
 		if !json.Valid([]byte(v)) {
 			return "", fmt.Errorf("asynqmutex.Key: value %d (%s) is not JSON text; write a string with its quotes", i+1, shortkey.Quote(v))
 		}
-		if kind := kindOf(skipSpace([]byte(v))); kind == "object" || kind == "array" {
-			return "", fmt.Errorf("asynqmutex.Key: value %d is %s; On takes strings, numbers, booleans and null", i+1, describeKind(kind))
+		if kind := jsonscan.KindOf(jsonscan.SkipSpace([]byte(v))); kind == "object" || kind == "array" {
+			return "", fmt.Errorf("asynqmutex.Key: value %d is %s; On takes strings, numbers, booleans and null", i+1, jsonscan.DescribeKind(kind))
 		}
 		fields[i] = "v" + strconv.Itoa(i)
 		if i > 0 {
@@ -91,7 +91,7 @@ func nameKey(name string) string {
 	var b strings.Builder
 	b.Grow(len(name) + 4)
 	b.WriteByte('[')
-	writeString(&b, name)
+	jsonscan.WriteString(&b, name)
 	b.WriteByte(']')
 	return b.String()
 }
@@ -199,9 +199,9 @@ func (k *fieldKeyer) read(t *asynq.Task, values [][]byte) ([][]byte, error) {
 		msg, err := invalidPayload(payload)
 		return nil, &keyError{taskType: typ, unread: k.fields, msg: msg, err: err}
 	}
-	root := skipSpace(payload)
-	if kind := kindOf(root); kind != "object" {
-		return nil, &keyError{taskType: typ, unread: k.fields, msg: "payload is " + describeKind(kind) + ", not a JSON object"}
+	root := jsonscan.SkipSpace(payload)
+	if kind := jsonscan.KindOf(root); kind != "object" {
+		return nil, &keyError{taskType: typ, unread: k.fields, msg: "payload is " + jsonscan.DescribeKind(kind) + ", not a JSON object"}
 	}
 	for i := range k.paths {
 		v, err := k.lookup(typ, root, i)
@@ -228,15 +228,15 @@ func (k *fieldKeyer) write(t *asynq.Task, values [][]byte, first int) (string, e
 	var b strings.Builder
 	b.Grow(size)
 	b.WriteByte('[')
-	writeString(&b, name)
+	jsonscan.WriteString(&b, name)
 	for i, v := range values {
 		b.WriteByte(',')
 		if v[0] != '"' {
 			b.Write(v) // a number as written, true, false or null
 			continue
 		}
-		if refused := writeJSONString(&b, v); refused != "" {
-			return "", &keyError{taskType: t.Type(), field: k.fields[first+i], msg: refused}
+		if err := jsonscan.WriteCanonical(&b, v); err != nil {
+			return "", &keyError{taskType: t.Type(), field: k.fields[first+i], msg: refusedString(err)}
 		}
 	}
 	b.WriteByte(']')
@@ -250,23 +250,23 @@ func (k *fieldKeyer) lookup(typ string, obj []byte, i int) ([]byte, error) {
 	v := obj
 	for j, seg := range segs {
 		if j > 0 {
-			if kind := kindOf(v); kind != "object" {
+			if kind := jsonscan.KindOf(v); kind != "object" {
 				return nil, &keyError{
 					taskType: typ, field: k.fields[i],
-					msg: fmt.Sprintf(": %q is %s, not an object", strings.Join(segs[:j], "."), describeKind(kind)),
+					msg: fmt.Sprintf(": %q is %s, not an object", strings.Join(segs[:j], "."), jsonscan.DescribeKind(kind)),
 				}
 			}
 		}
 		var ok bool
-		if v, ok = member(v, seg); !ok {
+		if v, ok = jsonscan.Member(v, seg); !ok {
 			return nil, &keyError{taskType: typ, field: k.fields[i], missing: true}
 		}
 	}
-	switch kind := kindOf(v); kind {
+	switch kind := jsonscan.KindOf(v); kind {
 	case "object", "array":
 		return nil, &keyError{
 			taskType: typ, field: k.fields[i],
-			msg: " is " + describeKind(kind) + "; On takes strings, numbers, booleans and null (derive other keys with KeyBy)",
+			msg: " is " + jsonscan.DescribeKind(kind) + "; On takes strings, numbers, booleans and null (derive other keys with KeyBy)",
 		}
 	}
 	return v, nil
@@ -277,7 +277,7 @@ func (k *fieldKeyer) lookup(typ string, obj []byte, i int) ([]byte, error) {
 func invalidPayload(data []byte) (string, error) {
 	var v struct{}
 	err := json.Unmarshal(data, &v)
-	if len(skipSpace(data)) == 0 {
+	if len(jsonscan.SkipSpace(data)) == 0 {
 		return "payload is empty, not a JSON object", err
 	}
 	return "payload is not a JSON object: " + err.Error(), err
@@ -318,225 +318,14 @@ func (e *keyError) Error() string {
 
 func (e *keyError) Unwrap() error { return e.err }
 
-// member returns the JSON text of the value of the last member called name in
-// obj, the text of a valid JSON object.
-func member(obj []byte, name string) (val []byte, ok bool) {
-	i := 1 // after '{'
-	for {
-		i = skipSpaceAt(obj, i)
-		if obj[i] == '}' {
-			return val, ok
-		}
-		end := endOfValue(obj, i)
-		key := obj[i:end]
-		i = skipSpaceAt(obj, end) + 1 // after ':'
-		i = skipSpaceAt(obj, i)
-		end = endOfValue(obj, i)
-		if keyIs(key, name) {
-			val, ok = obj[i:end], true
-		}
-		i = skipSpaceAt(obj, end)
-		if obj[i] == '}' {
-			return val, ok
-		}
-		i++ // after ','
-	}
-}
-
-// keyIs reports whether the JSON string text key names name.
-func keyIs(key []byte, name string) bool {
-	raw := key[1 : len(key)-1]
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw) == name
-	}
-	var s string
-	return json.Unmarshal(key, &s) == nil && s == name
-}
-
-// endOfValue returns the index just after the JSON value that starts at
-// data[i], in valid JSON text. It walks nested values without recursion, so
-// its cost is linear however deep they go.
-func endOfValue(data []byte, i int) int {
-	depth := 0
-	for ; i < len(data); i++ {
-		switch data[i] {
-		case '"':
-			for i++; data[i] != '"'; i++ {
-				if data[i] == '\\' {
-					i++
-				}
-			}
-			if depth == 0 {
-				return i + 1
-			}
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return i // the end of the object or array around a number or literal
-			}
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		case ',', ' ', '\t', '\r', '\n':
-			if depth == 0 {
-				return i
-			}
-		}
-	}
-	return i
-}
-
-func skipSpaceAt(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-func skipSpace(data []byte) []byte { return data[skipSpaceAt(data, 0):] }
-
-// kindOf names the kind of the valid JSON value data starts with.
-func kindOf(data []byte) string {
-	if len(data) == 0 {
-		return "empty value"
-	}
-	switch data[0] {
-	case '{':
-		return "object"
-	case '[':
-		return "array"
-	case '"':
-		return "string"
-	case 't', 'f':
-		return "boolean"
-	case 'n':
-		return "null"
-	default:
-		return "number"
-	}
-}
-
-// describeKind gives kind with its article: "a string", "an array", "null".
-func describeKind(kind string) string {
-	switch kind {
-	case "null":
-		return kind
-	case "array", "object", "empty value":
-		return "an " + kind
-	}
-	return "a " + kind
-}
-
-// writeJSONString writes the canonical text of the JSON string text tok, or
-// returns why it has none (to follow the field's name in an error).
-func writeJSONString(b *strings.Builder, tok []byte) (refused string) {
-	if !utf8.Valid(tok) {
+// refusedString is what follows a field's name in the error about a string value
+// that jsonscan.WriteCanonical refused.
+func refusedString(err error) string {
+	switch {
+	case errors.Is(err, jsonscan.ErrNotUTF8):
 		return " is a string that is not valid UTF-8; On takes UTF-8 strings (derive other keys with KeyBy)"
-	}
-	raw := tok[1 : len(tok)-1]
-	if bytes.IndexByte(raw, '\\') < 0 {
-		b.Write(tok) // no escapes, and JSON allows no control characters: canonical as it is
-		return ""
-	}
-	if loneSurrogate(raw) {
+	case errors.Is(err, jsonscan.ErrLoneSurrogate):
 		return ` is a string with an unpaired surrogate escape such as \ud800; On takes strings of Unicode characters (derive other keys with KeyBy)`
 	}
-	var s string
-	if err := json.Unmarshal(tok, &s); err != nil {
-		return ": " + err.Error() // cannot happen: the payload is valid JSON
-	}
-	writeString(b, s)
-	return ""
-}
-
-// loneSurrogate reports whether the text between a JSON string's quotes holds a
-// \u escape of a UTF-16 surrogate that is not part of a pair.
-func loneSurrogate(raw []byte) bool {
-	high := false // the previous escape was a high surrogate
-	for i := 0; i < len(raw); i++ {
-		if raw[i] != '\\' {
-			if high {
-				return true
-			}
-			continue
-		}
-		i++
-		if raw[i] != 'u' {
-			if high {
-				return true
-			}
-			continue
-		}
-		var r rune
-		for _, c := range raw[i+1 : i+5] { // valid JSON: four hex digits
-			r <<= 4
-			switch {
-			case c <= '9':
-				r |= rune(c - '0')
-			default:
-				r |= rune((c|0x20)-'a') + 10
-			}
-		}
-		i += 4
-		switch {
-		case r >= 0xD800 && r < 0xDC00:
-			if high {
-				return true
-			}
-			high = true
-		case r >= 0xDC00 && r < 0xE000:
-			if !high {
-				return true
-			}
-			high = false
-		default:
-			if high {
-				return true
-			}
-		}
-	}
-	return high
-}
-
-const hexDigits = "0123456789abcdef"
-
-// writeString writes s as a JSON string the way RFC 8785 does: '"' and '\\'
-// escaped with a backslash, control characters as \b, \t, \n, \f, \r or
-// \u00xx, everything else as it is, including bytes that are not UTF-8. Every
-// escape decodes to the byte it replaced, so distinct strings give distinct
-// texts.
-func writeString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		b.WriteString(s[start:i])
-		switch c {
-		case '"', '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		default:
-			b.WriteString(`\u00`)
-			b.WriteByte(hexDigits[c>>4])
-			b.WriteByte(hexDigits[c&0xF])
-		}
-		start = i + 1
-	}
-	b.WriteString(s[start:])
-	b.WriteByte('"')
+	return ": " + err.Error()
 }

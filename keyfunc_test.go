@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex/internal/jsonscan"
 )
 
 // keyOf derives the key of a task of type typ with payload p from fields.
@@ -166,7 +168,7 @@ func TestTaskTypeKey(t *testing.T) {
 		got, err := taskTypeKey(context.Background(), task)
 		var b strings.Builder
 		b.WriteByte('[')
-		writeString(&b, typ)
+		jsonscan.WriteString(&b, typ)
 		want := b.String() + "]"
 		if err != nil || got != want {
 			t.Errorf("taskTypeKey(%q) = %q, %v, want %q, nil", typ, got, err, want)

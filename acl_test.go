@@ -11,13 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynqmutex/asynqmutex/internal/conflicts"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
 // capACLRules are what a worker needs beyond the lock's worker rules (docs/operating.md,
-// Redis ACL) for MaxReschedules and MaxRescheduleTime: the commands reschedule.lua and
+// Redis ACL) for MaxReschedules and MaxRescheduleTime: the commands internal/conflicts/count.lua and
 // clearRecord send that the lock's do not. docs/operating.md quotes them.
 const capACLRules = "+hmget +hset +del"
 
@@ -32,21 +33,21 @@ func TestRescheduleRecordUnderWorkerACL(t *testing.T) {
 	mw := cappedMiddleware(t, &redis.Options{Addr: srv.Addr(), Username: "capworker", Password: "capworker-secret"})
 	meta := taskMeta{id: "t-1", queue: "default"}
 	for want := 1; want <= 2; want++ {
-		r, err := mw.record(ctx, meta, countConflict)
+		r, err := mw.conflicts.Count(ctx, meta.queue, meta.id, mw.expiryOf(meta))
 		require.NoError(t, err, "counting as the worker user")
-		assert.Equal(t, want, r.n)
+		assert.Equal(t, want, r.N)
 	}
-	r, err := mw.record(ctx, meta, peekConflicts)
+	r, err := mw.conflicts.Peek(ctx, meta.queue, meta.id)
 	require.NoError(t, err)
-	assert.Equal(t, 2, r.n)
+	assert.Equal(t, 2, r.N)
 	mw.clearRecord(ctx, meta)
-	n, err := admin.Exists(ctx, mw.recordKey(meta)).Result()
+	n, err := admin.Exists(ctx, mw.conflicts.Key(meta.queue, meta.id)).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the worker user can clear the record")
 
 	// Control: without capACLRules the same user is refused.
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "capworker", "-hmget").Err())
-	_, err = mw.record(ctx, meta, countConflict)
+	_, err = mw.conflicts.Count(ctx, meta.queue, meta.id, mw.expiryOf(meta))
 	assert.ErrorContains(t, err, "can't run this command", "the rules are what the script needs")
 }
 
@@ -95,16 +96,16 @@ func TestConflictCountedOnceAfterLostReply(t *testing.T) {
 	mw := cappedMiddleware(t, &redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond})
 	meta := taskMeta{id: "t-lost", queue: "default"}
 	// Loaded, so that the dropped reply is the script's, not a NOSCRIPT.
-	require.NoError(t, mw.store.Load(ctx, rescheduleScript))
+	require.NoError(t, store.New(mw.locks.Redis()).Load(ctx, conflicts.Script))
 
 	p.DropReplies(1)
-	r, err := mw.record(ctx, meta, countConflict)
+	r, err := mw.conflicts.Count(ctx, meta.queue, meta.id, mw.expiryOf(meta))
 	require.NoError(t, err, "go-redis sends the count again")
 	assert.Equal(t, 1, p.Dropped(), "a reply was dropped")
-	assert.Equal(t, 1, r.n, "one conflict, counted once")
-	r, err = mw.record(ctx, meta, countConflict)
+	assert.Equal(t, 1, r.N, "one conflict, counted once")
+	r, err = mw.conflicts.Count(ctx, meta.queue, meta.id, mw.expiryOf(meta))
 	require.NoError(t, err)
-	assert.Equal(t, 2, r.n, "the next conflict counts")
+	assert.Equal(t, 2, r.N, "the next conflict counts")
 }
 
 // cappedMiddleware is a middleware under MaxReschedules(2) and RetryLater(1s) whose
@@ -115,6 +116,6 @@ func cappedMiddleware(t *testing.T, opt *redis.Options) *middleware {
 	locks := mutex.New(rdb)
 	t.Cleanup(func() { locks.Close() })
 	mw := &middleware{locks: locks, config: config{policy: Policy(time.Second), maxReschedules: 2}}
-	mw.store, mw.prefix = store.New(locks.Redis()), locks.Prefix()
+	mw.conflicts = conflicts.New(store.New(locks.Redis()), locks.Prefix())
 	return mw
 }

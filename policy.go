@@ -10,6 +10,67 @@ import (
 	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
+// DeadlineMargin is how long before a task's deadline (asynq's Timeout or Deadline
+// option; 30 minutes by default) a wait for a busy key ends, however long MaxWait is.
+// The policy's result must reach asynq before the deadline does: past it, asynq
+// records "context deadline exceeded" as a failure, spends a retry, and archives the
+// task once its retries are used up. A task with less than this left tries the key
+// once.
+const DeadlineMargin = 500 * time.Millisecond
+
+// LastTryWait is how long at least a task with no retry left waits for a busy key
+// under RetryLater: a task with MaxRetry(0), or whose retries real failures used up.
+// asynq archives such a task for any error it returns, contention included, so it
+// waits for the key instead, up to the longer of MaxWait and LastTryWait (which
+// matches DefaultTTL, the longest a crashed holder keeps a key), ending
+// DeadlineMargin before its deadline. If the key is still busy then, the task is
+// archived with an error saying the key was busy and that it had no retry left,
+// wrapping a *LockedError and asynq.SkipRetry; run it again from the archive
+// (asynq.Inspector.RunTask) once the key is free.
+const LastTryWait = 30 * time.Second
+
+// MaxReschedules caps how many times RetryLater sends one task back for a busy key:
+// the task's conflict after its n-th reschedule, and every one after that, fails as
+// under Fail. It returns an ordinary error wrapping mutex.ErrNotObtained, so asynq
+// spends one of the task's retries on it (with its usual backoff) and archives the
+// task once they are used up; the error's text, asynq's LastErr, names the task, the
+// key and the cap. A task that reached the cap and then used up its retries is
+// archived at its next conflict, as under Fail, rather than wait LastTryWait.
+//
+// The count is kept in Redis, shared by every worker that uses the same lock Redis
+// and prefix, and restarts when the task obtains its key (see RetryLater). Given
+// with MaxRescheduleTime, whichever cap is reached first applies. The default is no
+// cap: a task is sent back for as long as its key stays busy. A conflict Redis
+// cannot count is not counted toward the cap (see RetryLater).
+//
+// MaxReschedules applies to RetryLater only; Middleware panics if it is given with
+// Skip or Fail. MaxReschedules panics if n is less than 1: to never reschedule, use
+// OnConflict(Fail).
+func MaxReschedules(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("asynqmutex.MaxReschedules: %d is less than 1; leave it out for no cap, or use OnConflict(Fail) to never reschedule", n))
+	}
+	return optionFunc(func(c *config) { c.maxReschedules = n })
+}
+
+// MaxRescheduleTime caps how long RetryLater keeps sending one task back for a busy
+// key: the task's first conflict d or more after its first one, and every one after
+// that, fails as under Fail, as described for MaxReschedules. The time is measured
+// on the Redis server's clock, from the first conflict that Redis counted, so
+// workers whose clocks differ agree on it. As the cap is checked at a conflict, the
+// task can stay busy up to one reschedule delay (at most 16·d of RetryLater(d))
+// past it. The default is no cap; given with MaxReschedules, whichever cap is
+// reached first applies.
+//
+// MaxRescheduleTime applies to RetryLater only; Middleware panics if it is given
+// with Skip or Fail. MaxRescheduleTime panics if d is zero or negative.
+func MaxRescheduleTime(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("asynqmutex.MaxRescheduleTime: %v is not positive; leave it out for no cap", d))
+	}
+	return optionFunc(func(c *config) { c.maxRescheduleTime = d })
+}
+
 // Policy says what the middleware does with a task whose key another task holds
 // (after waiting up to MaxWait). The policies are Skip, Fail and RetryLater(d); the
 // default is RetryLater(DefaultRetryDelay). A Policy is a plain value, safe to share.
@@ -110,7 +171,7 @@ type LockedError struct {
 	conflicts int           // with caps: the conflicts counted, this one included
 	since     time.Duration // with caps: since the first conflict
 
-	limited  *limitedError // the key was at its rate limit, not held
+	limited  *limited      // the key was at its rate limit, not held
 	paused   time.Duration // the handler asked for its key to be paused this long (PauseKey)
 	cause    *PauseError   // with paused: the handler's error
 	pauseErr error         // with paused: why the key was not paused, nil if it was

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynqmutex/asynqmutex/internal/conflicts"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
 )
@@ -331,7 +332,7 @@ func (f countFailer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if f.on.Load() {
 			for _, a := range cmd.Args() {
-				if s, ok := a.(string); ok && strings.Contains(s, rescheduleInfix) {
+				if s, ok := a.(string); ok && strings.Contains(s, conflicts.Infix) {
 					err := errors.New("injected: connection reset")
 					cmd.SetErr(err)
 					return err
@@ -367,27 +368,8 @@ func TestRescheduleNoTaskID(t *testing.T) {
 		rescheduled(t, h.ProcessTask(context.Background(), payTask("t9")), time.Second, "conflict without an ID")
 	}
 	for _, k := range m.Keys() {
-		assert.NotContains(t, k, rescheduleInfix)
+		assert.NotContains(t, k, conflicts.Infix)
 	}
-}
-
-// TestRecordKey: queue and task ID pairs never share a key, and the key is under
-// the Client's prefix.
-func TestRecordKey(t *testing.T) {
-	mw := &middleware{prefix: "app:"}
-	seen := map[string]taskMeta{}
-	for _, tm := range []taskMeta{
-		{queue: "a:b", id: "c"}, {queue: "a", id: "b:c"}, {queue: "a%3Ab", id: "c"}, {queue: "a", id: "b%3Ac"},
-		{queue: "default", id: "x"}, {queue: "", id: "default:x"}, {queue: "default:", id: "x"},
-	} {
-		k := mw.recordKey(tm)
-		if prev, ok := seen[k]; ok {
-			t.Errorf("recordKey(%+v) = recordKey(%+v) = %q", tm, prev, k)
-		}
-		seen[k] = tm
-		assert.True(t, strings.HasPrefix(k, "app:reschedule:"), k)
-	}
-	assert.Equal(t, "app:reschedule:default:6f1", mw.recordKey(taskMeta{queue: "default", id: "6f1"}))
 }
 
 func TestRecordExpiry(t *testing.T) {
@@ -434,8 +416,8 @@ func TestRescheduleScriptSentAsFunction(t *testing.T) {
 		addr    func(t *testing.T) string
 		want    string
 	}{
-		{"redis-server", func(t *testing.T) string { return redistest.Start(t).Addr() }, rescheduleScript.Function()},
-		{"miniredis", func(t *testing.T) string { return miniredis.RunT(t).Addr() }, rescheduleScript.Hash()},
+		{"redis-server", func(t *testing.T) string { return redistest.Start(t).Addr() }, conflicts.Script.Function()},
+		{"miniredis", func(t *testing.T) string { return miniredis.RunT(t).Addr() }, conflicts.Script.Hash()},
 	} {
 		t.Run(tc.backend, func(t *testing.T) {
 			mw := cappedMiddleware(t, &redis.Options{Addr: tc.addr(t)})
@@ -454,9 +436,9 @@ func TestRescheduleScriptSentAsFunction(t *testing.T) {
 			ctx := context.Background()
 			meta := taskMeta{id: "t-fn", queue: "default"}
 			for want := 1; want <= 3; want++ {
-				r, err := mw.record(ctx, meta, countConflict)
+				r, err := mw.conflicts.Count(ctx, meta.queue, meta.id, mw.expiryOf(meta))
 				require.NoError(t, err)
-				require.Equal(t, want, r.n)
+				require.Equal(t, want, r.N)
 			}
 			mu.Lock()
 			defer mu.Unlock()

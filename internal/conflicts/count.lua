@@ -1,5 +1,7 @@
--- reschedule.lua: count a conflict of a task under RetryLater, or read the count, on
+-- count.lua: count a conflict of a task under RetryLater, or read the count, on
 -- the Redis server's clock, so that every worker counts alike.
+--
+-- The key is made by Counter.Key in conflicts.go; the fields are written here only.
 --
 -- KEYS[1] -> <prefix>reschedule:<queue>:<task ID>   the task's record, a hash:
 --              n     -> conflicts counted so far

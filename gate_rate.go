@@ -2,7 +2,6 @@ package asynqmutex
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -117,131 +116,42 @@ func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (rat
 	return lim, nil
 }
 
-// limitedError is why a task did not start under its rate limit: its next start
-// comes in delay (paused: held back by a pause that long). It carries the gate's
-// answer out of the lock's fn to the conflict policy.
-type limitedError struct {
+// rateGate takes the task's start under its key's rate limit (Rate, or RateBy's
+// answer), waiting up to what is left of its wait for it, and passes the task on. A
+// wait is reported as OpRateWaited. It refuses the task when its start comes later
+// (or its key is paused), and fails it when RateBy or Redis fails, or the task's
+// context ends while it waits (its start is given back).
+func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.Context) error) error {
+	lim, err := m.limitOf(ctx, tk.Task, tk.meta.id)
+	if err != nil {
+		return &wrapError{msg: oneLine(err), err: err}
+	}
+	tk.lim = lim
+	if lim == (ratelimit.Limit{}) {
+		return next(ctx)
+	}
+	r, err := m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
+	switch {
+	case err != nil:
+		what := "taking its start under the rate limit of key " + shortkey.Show(tk.key)
+		if ctx.Err() != nil {
+			what = "waiting for its start under the rate limit of key " + shortkey.Show(tk.key)
+		}
+		return &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: %s: %s", shortkey.Quote(tk.Type()), idSuffix(tk.meta.id), what, oneLine(err)),
+			err: err,
+		}
+	case !r.Allowed:
+		return &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
+	case r.Delay > 0:
+		m.emit(ctx, Event{Op: OpRateWaited, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: r.Delay})
+	}
+	return next(ctx)
+}
+
+// limited is why a task did not start under its rate limit: its next start comes
+// in delay (paused: held back by a pause that long).
+type limited struct {
 	lim           ratelimit.Limit
 	delay, paused time.Duration
-}
-
-func (e *limitedError) Error() string { return "rate limit: next start in " + e.delay.String() }
-func (e *limitedError) Unwrap() error { return ratelimit.ErrLimited }
-
-// takeStart takes the task's start under lim on key, waiting up to maxWait for it
-// (see ratelimit.Limiter.Take), and returns how long it waited. It returns a
-// *limitedError when the start comes later than maxWait, ctx's error if ctx ends
-// while it waits (the start is given back), or a Redis error.
-func (m *middleware) takeStart(ctx context.Context, key string, lim ratelimit.Limit, maxWait time.Duration) (time.Duration, error) {
-	r, err := m.rates.Take(ctx, key, lim, max(maxWait, 0))
-	switch {
-	case err != nil:
-		return 0, err
-	case !r.Allowed:
-		return 0, &limitedError{lim: lim, delay: r.Delay, paused: r.Paused}
-	}
-	return r.Delay, nil
-}
-
-// PauseError is what PauseKey returns: a handler's request to hold its key's tasks
-// back for For, fleet-wide.
-type PauseError struct {
-	For time.Duration // how long to hold the key back
-	Err error         // why, for the task's error: the 429, say
-}
-
-// PauseKey returns an error for a handler to return when the service behind its
-// key asks to be left alone for d, an HTTP 429 with Retry-After: 30, say: under Rate
-// or RateBy the middleware pauses the task's key for d on every worker (see
-// ratelimit.Limiter.Pause), so that no task of the key starts before d has passed,
-// and tasks of other keys run on. The task itself is sent back to run again after d
-// (rounded up to whole seconds), as a busy key's task under RetryLater: with
-// Configure it spends no retry, whatever the OnConflict policy. A task with no retry
-// left is archived by asynq with this error, as for any error. Without a rate gate
-// the key is not paused, and the task is only sent back. err may be nil.
-func PauseKey(d time.Duration, err error) error {
-	return &PauseError{For: d, Err: err}
-}
-
-// Error says how long the key is to be paused, and why.
-func (e *PauseError) Error() string {
-	msg := "asynqmutex: pause the key for " + e.For.String()
-	if e.Err != nil {
-		msg += ": " + oneLine(e.Err)
-	}
-	return msg
-}
-
-// Unwrap returns Err.
-func (e *PauseError) Unwrap() error { return e.Err }
-
-// paused handles a handler's PauseError pe for task t on key: it pauses the key (with
-// a rate gate; sent even when the task's context has ended, as the handler's answer
-// stands) and returns the task's error, a *LockedError whose RetryIn is the
-// pause, rounded up to whole seconds.
-func (m *middleware) paused(ctx context.Context, t *asynq.Task, id, key string, lim ratelimit.Limit, pe *PauseError) error {
-	d := max(pe.For, time.Second)
-	le := &LockedError{Key: key, RetryIn: wholeSeconds(d), taskType: t.Type(), taskID: id, paused: d, cause: pe}
-	if lim != (ratelimit.Limit{}) {
-		if _, err := m.rates.Pause(context.WithoutCancel(ctx), key, lim, min(d, ratelimit.MaxPer)); err != nil {
-			le.pauseErr = err
-		}
-	} else {
-		le.pauseErr = errNoRateGate
-	}
-	m.emit(ctx, Event{Op: OpPaused, TaskType: t.Type(), TaskID: id, Key: key, Wait: d, Err: le})
-	return le
-}
-
-var errNoRateGate = errors.New("the middleware has no Rate or RateBy, so the key was not paused")
-
-// wholeSeconds is d rounded up to whole seconds, at least one: asynq keeps retry
-// times in whole seconds.
-func wholeSeconds(d time.Duration) time.Duration {
-	if r := d.Truncate(time.Second); r < d {
-		d = r + time.Second
-	}
-	return max(d, time.Second)
-}
-
-// rateGate takes task t's start on key under lim, waiting up to maxWait for it; a
-// zero lim lets the task through. A wait is reported as OpRateWaited.
-func (m *middleware) rateGate(ctx context.Context, t *asynq.Task, id, key string, lim ratelimit.Limit, maxWait time.Duration) error {
-	if lim == (ratelimit.Limit{}) {
-		return nil
-	}
-	waited, err := m.takeStart(ctx, key, lim, maxWait)
-	var limited *limitedError
-	switch {
-	case errors.As(err, &limited):
-		return err
-	case err != nil:
-		return &gateError{err: err, waiting: ctx.Err() != nil}
-	case waited > 0:
-		m.emit(ctx, Event{Op: OpRateWaited, TaskType: t.Type(), TaskID: id, Key: key, Wait: waited})
-	}
-	return nil
-}
-
-// gateError is an error of the rate gate other than a refusal: RateBy's, Redis's,
-// or the context's while the task waited for its start.
-type gateError struct {
-	err     error
-	named   bool // err names the task already (RateBy's)
-	waiting bool // the context ended while the task waited for its start
-}
-
-func (e *gateError) Error() string { return e.err.Error() }
-func (e *gateError) Unwrap() error { return e.err }
-
-// describe is the task's error text: the task, the key, what failed.
-func (e *gateError) describe(taskType, id, key string) string {
-	if e.named {
-		return oneLine(e.err)
-	}
-	what := "taking its start under the rate limit of key " + shortkey.Show(key)
-	if e.waiting {
-		what = "waiting for its start under the rate limit of key " + shortkey.Show(key)
-	}
-	return fmt.Sprintf("asynqmutex: task %s%s: %s: %s", shortkey.Quote(taskType), idSuffix(id), what, oneLine(e.err))
 }

@@ -154,99 +154,110 @@ func placeOf(t *asynq.Task) (order.Place, bool) {
 	return order.ParsePlace(v)
 }
 
-// inOrder runs task t on key once its turn has come, and finishes its place when it
-// will not run again.
-func (m *middleware) inOrder(ctx context.Context, t *asynq.Task, meta taskMeta, key string, next asynq.Handler) error {
-	p, ok := placeOf(t)
+// orderGate waits for the task's turn in its key's order (see InOrder), up to what
+// is left of its wait, moving the key past places whose task is gone, and passes
+// the task on once its turn has come, its place to be finished by its outcome
+// (finishPlace). It refuses the task when its turn has not come, and fails it when
+// Redis cannot say. A task without a place, or whose place its key moved past
+// already, goes on under the lock alone, reported as OpOutOfOrder.
+func (m *middleware) orderGate(ctx context.Context, tk *task, next func(context.Context) error) error {
+	p, ok := placeOf(tk.Task)
 	if !ok {
-		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: t.Type(), TaskID: meta.id, Key: key, Err: errNoPlace})
-		return m.gated(ctx, t, meta, key, nil, next, 0)
+		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Err: errNoPlace})
+		return next(ctx)
 	}
-	start := time.Now()
-	lastTry := m.lastTry(meta)
-	wait := m.wait(ctx, lastTry)
 	var due time.Time
-	turn, err := m.awaitTurn(ctx, t, meta.id, key, p, wait, lastTry, &due)
+	turn, err := m.awaitTurn(ctx, tk, p, &due)
 	switch {
 	case err != nil:
-		err = &wrapError{
-			msg: fmt.Sprintf("asynqmutex: task %s%s: waiting for its turn (place %d) in key %s: %s", shortkey.Quote(t.Type()), idSuffix(meta.id), p.N, shortkey.Show(key), oneLine(err)),
+		return &wrapError{
+			msg: fmt.Sprintf("asynqmutex: task %s%s: waiting for its turn (place %d) in key %s: %s", shortkey.Quote(tk.Type()), idSuffix(tk.meta.id), p.N, shortkey.Show(tk.key), oneLine(err)),
 			err: err,
 		}
-		m.failed(ctx, t, err)
-		return err
 	case turn.State == order.TurnWait:
-		le := &LockedError{Key: key, taskType: t.Type(), taskID: meta.id, turn: &turnWait{place: p.N, next: turn.Next, holder: turn.Holder, due: due}}
-		return m.conflict(ctx, t, meta, le, conflictInfo{op: OpOutOfTurn, start: start, wait: wait, lastTry: lastTry})
+		return &refusal{op: OpOutOfTurn, le: &LockedError{Key: tk.key, turn: &turnWait{place: p.N, next: turn.Next, holder: turn.Holder, due: due}}}
 	case turn.State != order.TurnNow:
 		why := errPlacePassed
 		if turn.State == order.TurnUnknown {
 			why = errPlaceUnknown
 		}
-		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: t.Type(), TaskID: meta.id, Key: key, Err: why})
-		return m.gated(ctx, t, meta, key, nil, next, time.Since(start))
+		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Err: why})
+		return next(ctx)
 	}
 	// A task that will not run again finishes its place in the round trip of its
 	// lock's release: the Finish rides in the release's pipeline (see
 	// order.Sequencer.FinishLater), sent first, so that the next task is woken as the
 	// lock frees.
-	lctx, later := m.seq.FinishLater(ctx, key, p)
-	var (
-		readied bool
-		reason  string
-	)
-	handler := asynq.HandlerFunc(func(hctx context.Context, t *asynq.Task) error {
-		herr := next.ProcessTask(hctx, t)
-		var how order.How
-		if !errors.As(herr, new(*PauseError)) { // a pause decides the outcome after the release
-			how, reason = placeOutcome(herr, meta, ctx.Err() != nil)
-		}
-		switch {
-		case how != 0:
-			readied = later.Finish(how) == nil
-		case herr != nil:
-			// It will run again later, keeping its place: the tasks waiting for it go
-			// back to the queue instead of holding worker slots until its retry.
-			later.Requeue()
-		}
-		return herr
-	})
-	err = m.gated(lctx, t, meta, key, nil, handler, time.Since(start))
+	lctx, later := m.seq.FinishLater(ctx, tk.key, p)
+	tk.place = &placed{Place: p, later: later, ended: ctx.Err}
+	return next(lctx)
+}
+
+// placed is a task's place in its key's order, once its turn came.
+type placed struct {
+	order.Place
+	later   *order.Later
+	ended   func() error // the task's context's Err
+	readied bool         // its Finish rides in the lock's release
+	reason  string       // why its place was skipped, for OpOrderSkipped; "" if it was not
+}
+
+// handled readies the finish of task tk's place, whose handler just returned, while
+// the task still holds its lock: when the task will not run again, its place is to
+// be finished in the release's round trip; when it will, the tasks waiting for it
+// are sent back to the queue instead of holding worker slots until its retry. A
+// pause its handler asked for decides after the release.
+func (m *middleware) handled(tk *task) {
+	pl := tk.place
+	var how order.How
+	if !errors.As(tk.result, new(*PauseError)) {
+		how, pl.reason = placeOutcome(tk.result, tk.meta, pl.ended() != nil)
+	}
+	switch {
+	case how != 0:
+		pl.readied = pl.later.Finish(how) == nil
+	case tk.result != nil:
+		pl.later.Requeue()
+	}
+}
+
+// finishPlace finishes the place of task tk, whose result is err, when it will not
+// run again; a place Redis did not finish is moved past as a gap (its task is gone).
+// The task's result stands whatever Redis says.
+func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
+	pl := tk.place
 	fctx := context.WithoutCancel(ctx)
 	var ferr error
-	switch how, r := placeOutcome(err, meta, ctx.Err() != nil); {
-	case readied:
-		_, ferr = later.Result(fctx)
+	switch how, r := placeOutcome(err, tk.meta, ctx.Err() != nil); {
+	case pl.readied:
+		_, ferr = pl.later.Result(fctx)
 	case how != 0:
 		// The handler did not run (its lock was busy), or asked for a pause: the task
 		// is over all the same.
-		reason = r
-		_, ferr = m.seq.Finish(fctx, key, p, how)
+		pl.reason = r
+		_, ferr = m.seq.Finish(fctx, tk.key, pl.Place, how)
 	default:
-		if _, rerr := later.Result(fctx); rerr != nil { // a Requeue no call carried
+		if _, rerr := pl.later.Result(fctx); rerr != nil { // a Requeue no call carried
 			m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not tell the tasks waiting for a task's turn that it will run again later; they wait for it until their MaxWait",
-				slog.String("task_type", shortkey.Shorten(t.Type())),
-				slog.String("task_id", shortkey.Shorten(meta.id)),
-				slog.String("key", shortkey.Show(key)),
-				slog.Int64("place", p.N),
+				slog.String("task_type", shortkey.Shorten(tk.Type())),
+				slog.String("task_id", shortkey.Shorten(tk.meta.id)),
+				slog.String("key", shortkey.Show(tk.key)),
+				slog.Int64("place", pl.N),
 				slog.String("error", oneLine(rerr)))
 		}
-		return err
+		return
 	}
-	// The task is over: its result stands whatever Redis says, and a place Redis did
-	// not finish is moved past as a gap (its task is gone).
 	if ferr != nil {
 		m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it",
-			slog.String("task_type", shortkey.Shorten(t.Type())),
-			slog.String("task_id", shortkey.Shorten(meta.id)),
-			slog.String("key", shortkey.Show(key)),
-			slog.Int64("place", p.N),
+			slog.String("task_type", shortkey.Shorten(tk.Type())),
+			slog.String("task_id", shortkey.Shorten(tk.meta.id)),
+			slog.String("key", shortkey.Show(tk.key)),
+			slog.Int64("place", pl.N),
 			slog.String("error", oneLine(ferr)))
-	} else if reason != "" {
-		m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: meta.id, Key: key,
-			Err: &GapError{Key: key, Place: p.N, TaskID: meta.id, Queue: meta.queue, Reason: reason}})
+	} else if pl.reason != "" {
+		m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key,
+			Err: &GapError{Key: tk.key, Place: pl.N, TaskID: tk.meta.id, Queue: tk.meta.queue, Reason: pl.reason}})
 	}
-	return err
 }
 
 var (
@@ -273,7 +284,7 @@ func placeOutcome(err error, meta taskMeta, ended bool) (order.How, string) {
 	return 0, ""
 }
 
-// awaitTurn waits up to wait for place p of key to come, moving the key past places
+// awaitTurn waits up to what is left of task tk's wait for its place p to come, moving the key past places
 // whose task is gone (see InOrder). It waits only while the task that holds the
 // key's next place is running: one that is queued, or will be retried, comes after
 // tasks already in the queue, and waiting for it would keep worker slots from them.
@@ -282,8 +293,9 @@ func placeOutcome(err error, meta taskMeta, ended bool) (order.How, string) {
 //
 // dueAt is set to when that task, waiting for a retry or its ProcessAt, is due; zero
 // when it is not waiting so.
-func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key string, p order.Place, wait time.Duration, lastTry bool, dueAt *time.Time) (order.Turn, error) {
-	deadline := time.Now().Add(wait)
+func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, dueAt *time.Time) (order.Turn, error) {
+	key, id := tk.key, tk.meta.id
+	deadline := time.Now().Add(m.waitLeft(ctx, tk))
 	turn, err := m.seq.Enter(ctx, key, p)
 	// A task that waits listens on its key's channel until it is done waiting, so
 	// that it hears what is announced while it asks asynq about the task ahead, and
@@ -306,7 +318,7 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 			if n, err := m.seq.Finish(ctx, key, gap, order.Skipped); err != nil {
 				return turn, err
 			} else if n > 0 {
-				m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: id, Key: key,
+				m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: tk.Type(), TaskID: id, Key: key,
 					Err: &GapError{Key: key, Place: turn.Next, TaskID: h.TaskID, Queue: h.Queue, Reason: reason}})
 			}
 			turn, err = m.seq.Enter(ctx, key, p)
@@ -318,7 +330,7 @@ func (m *middleware) awaitTurn(ctx context.Context, t *asynq.Task, id, key strin
 		// said it will run again later, wait for it until the grace has passed, then
 		// ask asynq again.
 		young := !running && h.Age < m.orderGrace && !h.Requeued
-		if left <= 0 || !running && !young && !lastTry {
+		if left <= 0 || !running && !young && !tk.lastTry {
 			return turn, nil
 		}
 		if young {

@@ -13,8 +13,185 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/asynqmutex/asynqmutex/internal/jsonscan"
+	"github.com/asynqmutex/asynqmutex/internal/keyset"
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
+
+// keyGate is the path's first gate: it derives the task's key (or keys) and passes
+// the task on, or fails it as bad input when no key can be derived.
+func (m *middleware) keyGate(ctx context.Context, tk *task, next func(context.Context) error) error {
+	key, keys, err := m.keysOf(ctx, tk.Task)
+	if err != nil {
+		var ke *keyError
+		if !errors.As(err, &ke) { // a KeyBy error need not name the task
+			err = &wrapError{msg: fmt.Sprintf("asynqmutex: task %s: lock key: %s", shortkey.Quote(tk.Type()), oneLine(err)), err: err}
+		}
+		err = &wrapError{
+			msg: fmt.Sprintf("%s; %s archived without running: %v", oneLine(err), taskRef(tk.meta.id), asynq.SkipRetry),
+			err: errors.Join(err, asynq.SkipRetry),
+		}
+		m.emit(ctx, Event{Op: OpBadInput, TaskType: tk.Type(), TaskID: tk.meta.id, Err: err})
+		return err
+	}
+	tk.key, tk.keys = key, keys
+	return next(ctx)
+}
+
+// On makes the lock key the task type plus the values of these JSON payload fields,
+// so tasks of one type with the same values run one at a time ("customer.id" names
+// the field id inside the object customer). A value must be a string, a number, a
+// boolean or null; see KeyFunc for the key's exact form. Without On or KeyBy the key
+// is the task type alone: at most one task of each type runs at a time. Scope
+// shares keys between task types.
+//
+// A task whose payload is not a JSON object, lacks a field, or holds an object, an
+// array or a string that is not UTF-8 there, is archived at once with an error
+// naming the field (see Middleware). That holds for every task the middleware
+// wraps: under mux.Use, without For, it wraps every task type on the mux, and a task
+// type whose payload lacks the field is archived without running. Name the task
+// types with For, or wrap their handlers alone.
+//
+// On panics if no field is given or a name is empty. Give every field to one On:
+// Middleware panics on a second key option (On, OnEach, KeyBy, KeysBy), naming both,
+// rather than keep one of them.
+func On(fields ...string) Option {
+	if len(fields) == 0 {
+		panic("asynqmutex.On: no field given")
+	}
+	validateFields("asynqmutex.On", fields)
+	fields = append([]string(nil), fields...)
+	call := callText("On", fields)
+	return optionFunc(func(c *config) { c.setKey("On", call, nil, nil); c.fields = fields })
+}
+
+// KeyBy makes fn derive the lock key, for keys On cannot express. An error from fn,
+// or an empty key, archives the task as a malformed payload does. KeyBy panics if fn
+// is nil; Middleware panics if another key option (On, OnEach, KeyBy, KeysBy) is
+// given too.
+func KeyBy(fn KeyFunc) Option {
+	if fn == nil {
+		panic("asynqmutex.KeyBy: nil KeyFunc")
+	}
+	return optionFunc(func(c *config) { c.setKey("KeyBy", "KeyBy(fn)", fn, nil) })
+}
+
+// setKey records the key option by (called as call). A second key option panics,
+// naming both: keeping either would drop fields or keys the caller asked for.
+func (c *config) setKey(by, call string, one KeyFunc, several KeysFunc) {
+	if c.keySetBy != "" {
+		hint := "give one"
+		if c.keySetBy == by && (by == "On" || by == "OnEach") {
+			hint = "give every field to one " + by
+		}
+		panic("asynqmutex.Middleware: two key options, " + c.keyCall + " and " + call + "; " + hint)
+	}
+	c.key, c.keys, c.keySetBy, c.keyCall, c.fields = one, several, by, call, nil
+}
+
+// keyFuncs sets key or keys once all options are in: from On's or OnEach's fields,
+// or the task type (or Scope's name) alone when no option set them.
+func (c *config) keyFuncs() {
+	if c.scope != "" && (c.keySetBy == "KeyBy" || c.keySetBy == "KeysBy") {
+		panic("asynqmutex.Middleware: Scope names the keys of On, OnEach and the task type; " + c.keySetBy + " makes its own keys")
+	}
+	if c.limit > 1 && (c.keySetBy == "OnEach" || c.keySetBy == "KeysBy") {
+		panic("asynqmutex.Middleware: Limit caps the tasks of one key; " + c.keySetBy + " gives a task several keys")
+	}
+	switch {
+	case c.keySetBy == "On":
+		c.key = newFieldKeyer(c.fields, c.scope).key
+	case c.keySetBy == "OnEach":
+		c.keys = newFieldKeyer(c.fields, c.scope).keys
+	case c.keySetBy == "" && c.scope != "":
+		c.key = scopeKey(c.scope)
+	case c.keySetBy == "":
+		c.key = taskTypeKey
+	}
+}
+
+// Scope makes the lock keys begin with name instead of the task type, so that tasks
+// of several types share them: with Scope("account"), a deposit under On("account")
+// and a transfer under OnEach("from", "to") both lock ["account","A"] for account A,
+// and never run on it at once. Without On or OnEach, all tasks given Scope(name)
+// share the one key [name]. Key(name, values...) is the key of such a task. The
+// default is the task type. Scope panics if name is empty; Middleware panics if it
+// is combined with KeyBy or KeysBy, whose keys are their own.
+func Scope(name string) Option {
+	if name == "" {
+		panic("asynqmutex.Scope: empty name")
+	}
+	return optionFunc(func(c *config) { c.scope = name })
+}
+
+// KeysFunc derives several lock keys for a task, for OnEach and KeysBy: the task runs
+// only while it holds all of them, so it never runs at the same time as a task with
+// any of the same keys, whatever its other keys. The rules of KeyFunc apply to each
+// key: deterministic, safe for concurrent use, an error or an empty key (or no key)
+// archives the task. The keys share KeyFunc's key space, so a task with keys
+// {"a","b"} excludes a task whose KeyFunc gives "a". The order of the keys does not
+// matter, and a key given twice counts once.
+type KeysFunc func(ctx context.Context, t *asynq.Task) ([]string, error)
+
+// OnEach gives a task one lock key per field, and runs it only while it holds all of
+// them (mutex.Client.WithLockKeys): OnEach("from", "to") makes a transfer from A to B
+// wait for every task on A or on B, while transfers that share no account run at
+// once. Each key is the one On(field) would derive: the task type (or Scope's name)
+// and the field's value, so a value in "from" and the same value in "to" are one
+// key. The fields are read as On reads them; a payload that lacks one, or holds an
+// object or an array there, is archived at once with an error naming the field.
+// Taking the keys never deadlocks against tasks taking overlapping sets in another
+// order (see mutex.Client.LockKeys); the price is that a task waiting for a busy key
+// (MaxWait) keeps the keys before it meanwhile, so tasks on those meet a busy key.
+// On Redis Cluster each key costs a round trip.
+// OnEach panics if no field is given or a name is empty. Give every field to one
+// OnEach: Middleware panics on a second key option (On, OnEach, KeyBy, KeysBy),
+// naming both. As with On, give For when the middleware wraps other task types.
+func OnEach(fields ...string) Option {
+	if len(fields) == 0 {
+		panic("asynqmutex.OnEach: no field given")
+	}
+	validateFields("asynqmutex.OnEach", fields)
+	fields = append([]string(nil), fields...)
+	call := callText("OnEach", fields)
+	return optionFunc(func(c *config) { c.setKey("OnEach", call, nil, nil); c.fields = fields })
+}
+
+// KeysBy makes fn derive several lock keys per task, held all at once, for sets
+// OnEach cannot express (see KeysFunc). An error from fn, no key, or an empty key
+// archives the task as a malformed payload does. KeysBy panics if fn is nil;
+// Middleware panics if another key option (On, OnEach, KeyBy, KeysBy) is given too.
+func KeysBy(fn KeysFunc) Option {
+	if fn == nil {
+		panic("asynqmutex.KeysBy: nil KeysFunc")
+	}
+	return optionFunc(func(c *config) { c.setKey("KeysBy", "KeysBy(fn)", nil, fn) })
+}
+
+// keysOf derives the task's lock key, or its keys when it has several (then key is
+// the first of them), or an error saying why it cannot.
+func (m *middleware) keysOf(ctx context.Context, t *asynq.Task) (key string, keys []string, err error) {
+	if m.keys == nil {
+		key, err = m.key(ctx, t)
+		if err == nil && key == "" {
+			err = &keyError{taskType: t.Type(), msg: "KeyBy returned an empty key"}
+		}
+		return key, nil, err
+	}
+	keys, err = m.keys(ctx, t)
+	switch {
+	case err != nil:
+		return "", nil, err
+	case len(keys) == 0:
+		return "", nil, &keyError{taskType: t.Type(), msg: "KeysBy returned no key"}
+	case slices.Contains(keys, ""):
+		return "", nil, &keyError{taskType: t.Type(), msg: "KeysBy returned an empty key"}
+	}
+	distinct := keyset.Distinct(keys)
+	if len(distinct) == 1 {
+		return distinct[0], nil, nil
+	}
+	return distinct[0], distinct, nil
+}
 
 // KeyFunc derives the lock key for a task. Tasks whose keys are equal never
 // run at the same time; tasks with different keys do not wait for each other.

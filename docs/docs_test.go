@@ -31,6 +31,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -182,8 +183,8 @@ func blockWith(blocks []block, s string) (int, *block) {
 	return 0, nil
 }
 
-// TestSetUpCommands: the README keeps the two commands that set everything up on a
-// fresh clone, and CI runs the README's test command.
+// TestSetUpCommands: the README keeps the commands that set everything up on a fresh
+// clone, each naming a directory of the module, and CI runs the README's test command.
 func TestSetUpCommands(t *testing.T) {
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
@@ -193,13 +194,47 @@ func TestSetUpCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cmd := range []string{"go run ./examples/quickstart", "go test -race ./..."} {
+	for _, cmd := range []string{"go run ./examples/quickstart", "go install ./cmd/asynqmutex", "go test -race ./..."} {
 		if !strings.Contains(string(readme), "\n"+cmd+" ") {
 			t.Errorf("the README lacks the line %q", cmd)
+		}
+		if dir := strings.Fields(cmd)[len(strings.Fields(cmd))-1]; dir != "./..." {
+			if main, err := filepath.Glob(filepath.Join(root, dir, "*.go")); err != nil || len(main) == 0 {
+				t.Errorf("the README's %q names no Go package of the module", cmd)
+			}
 		}
 	}
 	if !strings.Contains(string(ci), "\ngo test -race ./... ") {
 		t.Errorf(".ci/run does not run the README's test command, go test -race ./...")
+	}
+}
+
+// TestSafetyReferences: the README cites a fault of its safety table (F2) before the
+// table only as a link to it, so that a reader who meets it first can look it up.
+func TestSafetyReferences(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uncited := func(readme string) (bad []string) {
+		table := strings.Index(readme, "\n| F1 |")
+		if table < 0 {
+			return []string{"no safety table (a row | F1 |)"}
+		}
+		for _, m := range regexp.MustCompile(`\bF[1-9]\b`).FindAllStringIndex(readme[:table], -1) {
+			if !strings.HasPrefix(readme[m[1]:], "](#safety)") || readme[m[0]-1] != '[' {
+				line := strings.Count(readme[:m[0]], "\n") + 1
+				bad = append(bad, fmt.Sprintf("README.md:%d: %s", line, readme[m[0]:m[1]]))
+			}
+		}
+		return bad
+	}
+	for _, b := range uncited(string(src)) {
+		t.Errorf("%s is cited before the safety table defines it: link it, [%s](#safety)", b, b[strings.LastIndex(b, " ")+1:])
+	}
+	// Control: the same citation unlinked is caught.
+	if bad := uncited(strings.Replace(string(src), "[F2](#safety)", "F2", 1)); len(bad) == 0 {
+		t.Errorf("control: an F2 cited before the table without a link passes")
 	}
 }
 

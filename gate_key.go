@@ -120,7 +120,7 @@ func Scope(name string) Option {
 	if name == "" {
 		panic("asynqmutex.Scope: empty name")
 	}
-	return optionFunc(func(c *config) { c.scope = name })
+	return once("Scope", callText("Scope", []string{name}), func(c *config) { c.scope = name })
 }
 
 // KeysFunc derives several lock keys for a task, for OnEach and KeysBy: the task runs

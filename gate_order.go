@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
 	"github.com/asynqmutex/asynqmutex/order"
 )
 
@@ -37,7 +38,7 @@ type TaskLookup interface {
 }
 
 // InOrder makes the tasks of a key run one at a time in the order their producer
-// enqueued them with Producer.Enqueue, on every worker that shares seq's Redis: a
+// enqueued them with Producer.Enqueue, on every worker that shares the lock Redis: a
 // task runs only when every task enqueued before it under its key has finished
 // (completed, or been moved past by a gap rule), and holds the key's lock while it
 // runs. Tasks of other keys run in parallel. Give producer and middleware the same
@@ -70,19 +71,17 @@ type TaskLookup interface {
 // reported as OpOutOfOrder. docs/order.md states the guarantee and its limits.
 //
 // Each ordered task costs one round trip beside its lock's, to ask whether its turn
-// has come; its place is finished in the pipeline of its lock's release when seq and
-// the Middleware's mutex.Client share one redis client (a round trip of its own
-// otherwise). The default is no order.
+// has come; its place is finished in the pipeline of its lock's release. The
+// sequences live beside the locks: on the Middleware's mutex.Client's Redis, under
+// its prefix (package order, built from the Client as Rate's limiter is), where
+// NewProducer takes places too. The default is no order.
+//
 // tasks may be nil in options only NewProducer gets, since a producer asks asynq
-// nothing. InOrder panics if seq is nil; Middleware panics if tasks is nil, or if
-// InOrder is given with OnEach or KeysBy, Limit(n > 1), NoLock, or OnConflict(Skip),
-// which would complete every task whose turn has not come without running it. Under
-// Fail such a task spends a retry.
-func InOrder(seq *order.Sequencer, tasks TaskLookup) Option {
-	if seq == nil {
-		panic("asynqmutex.InOrder: nil *order.Sequencer")
-	}
-	return optionFunc(func(c *config) { c.seq, c.tasks = seq, tasks })
+// nothing. Middleware panics if tasks is nil, or if InOrder is given with OnEach or
+// KeysBy, Limit(n > 1), NoLock, or OnConflict(Skip), which would complete every task
+// whose turn has not come without running it. Under Fail such a task spends a retry.
+func InOrder(tasks TaskLookup) Option {
+	return once("InOrder", "InOrder(tasks)", func(c *config) { c.ordered, c.tasks = true, tasks })
 }
 
 // OrderGrace sets how long InOrder waits for a place whose task asynq does not hold
@@ -95,18 +94,18 @@ func OrderGrace(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("asynqmutex.OrderGrace: grace %v is not positive", d))
 	}
-	return optionFunc(func(c *config) { c.orderGrace, c.graceSet = d, true })
+	return once("OrderGrace", fmt.Sprintf("OrderGrace(%v)", d), func(c *config) { c.orderGrace, c.graceSet = d, true })
 }
 
 // checkOrder panics on an order configuration that cannot work; worker is false for
 // NewProducer's options.
 func (c *config) checkOrder(worker bool) {
 	switch {
-	case worker && c.seq != nil && c.tasks == nil:
+	case worker && c.ordered && c.tasks == nil:
 		panic("asynqmutex.Middleware: InOrder without a TaskLookup (an *asynq.Inspector): a worker asks asynq whether a task its key waits for is gone")
-	case c.graceSet && c.seq == nil:
+	case c.graceSet && !c.ordered:
 		panic("asynqmutex.Middleware: OrderGrace without InOrder")
-	case c.seq == nil:
+	case !c.ordered:
 	case c.keySetBy == "OnEach" || c.keySetBy == "KeysBy":
 		panic("asynqmutex.Middleware: InOrder orders the tasks of one key; " + c.keySetBy + " gives a task several keys")
 	case c.limit > 1:
@@ -375,4 +374,11 @@ func (m *middleware) holderState(h order.Holder) (gone string, running bool, due
 		due = info.NextProcessAt
 	}
 	return "", info.State == asynq.TaskStateActive && !h.Requeued, due
+}
+
+// sequencer is the Sequencer of the keys of locks: on its Redis client, under its
+// prefix, so that a task's Finish can ride in its lock's release (see
+// order.Sequencer.FinishLater), and producers and workers meet in one place.
+func sequencer(locks *mutex.Client) *order.Sequencer {
+	return order.New(locks.Redis(), order.Prefix(locks.Prefix()))
 }

@@ -54,7 +54,7 @@ func Burst(b int) Option {
 	if b < 1 || b > ratelimit.MaxBurst {
 		panic(fmt.Sprintf("asynqmutex.Burst: burst %d outside [1, %d] (ratelimit.MaxBurst)", b, ratelimit.MaxBurst))
 	}
-	return optionFunc(func(c *config) { c.burst = b })
+	return once("Burst", fmt.Sprintf("Burst(%d)", b), func(c *config) { c.burst = b })
 }
 
 // RateBy is Rate with a limit per task, for keys whose limits differ (a tenant's
@@ -75,7 +75,7 @@ func RateBy(fn func(ctx context.Context, t *asynq.Task) (ratelimit.Limit, error)
 // the workers allow, and only Rate (or RateBy) gates them. Fence then reports false.
 // Middleware panics if NoLock is given without Rate or RateBy, or with Limit.
 func NoLock() Option {
-	return optionFunc(func(c *config) { c.noLock = true })
+	return once("NoLock", "NoLock()", func(c *config) { c.noLock = true })
 }
 
 func (c *config) setRate(by string, lim ratelimit.Limit, fn func(context.Context, *asynq.Task) (ratelimit.Limit, error)) {

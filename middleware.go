@@ -13,6 +13,7 @@ import (
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/internal/store"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/order"
 	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
@@ -73,6 +74,9 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	if m.rateBy != "" {
 		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))
 	}
+	if m.ordered {
+		m.seq = sequencer(locks)
+	}
 	m.path = m.gates()
 	return func(next asynq.Handler) asynq.Handler {
 		if next == nil {
@@ -98,6 +102,7 @@ type middleware struct {
 	conflicts *conflicts.Counter // on the locks' Redis and prefix
 	limitOpt  mutex.LockOption   // mutex.Limit(limit)
 	rates     *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
+	seq       *order.Sequencer   // with InOrder: on the locks' Redis and prefix
 	path      []gate             // gates(): what every task passes before its handler
 }
 
@@ -109,7 +114,7 @@ type middleware struct {
 // costs the task), or fails it; outcome makes the task's result of what happened.
 func (m *middleware) gates() []gate {
 	path := []gate{m.keyGate}
-	if m.seq != nil {
+	if m.ordered {
 		path = append(path, m.orderGate)
 	}
 	if !m.noLock {

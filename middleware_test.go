@@ -748,6 +748,43 @@ func TestMiddlewareBusySetNamesEachKeyOnce(t *testing.T) {
 
 // TestErrorsNameKeyOnceOnOneLine: whatever the middleware returns or hands to
 // AfterFailure names the key once, readable, on one line, also where it wraps an
+// TestOptionGivenTwice: every option given twice to one Middleware panics, naming
+// both calls, whatever it sets: none is kept silently over the other.
+func TestOptionGivenTwice(t *testing.T) {
+	locks, _ := newLocks(t)
+	noop := func(context.Context, *asynq.Task, error) {}
+	for _, tt := range []struct {
+		a, b Option
+		want string
+	}{
+		{TTL(time.Second), TTL(2 * time.Second), "TTL(1s) and TTL(2s) both given; give TTL once"},
+		{MaxWait(time.Second), MaxWait(time.Second), "MaxWait(1s) and MaxWait(1s) both given; give MaxWait once"},
+		{OnConflict(Skip), OnConflict(Fail), "OnConflict(Skip) and OnConflict(Fail) both given; give OnConflict once"},
+		{Limit(2), Limit(3), "Limit(2) and Limit(3) both given; give Limit once"},
+		{AfterFailure(noop), AfterFailure(noop), "AfterFailure(fn) and AfterFailure(fn) both given"},
+		{Logger(slog.Default()), Logger(slog.Default()), "Logger(l) and Logger(l) both given"},
+		{Scope("a"), Scope("b"), `Scope("a") and Scope("b") both given`},
+		{MaxReschedules(1), MaxReschedules(2), "MaxReschedules(1) and MaxReschedules(2) both given"},
+		{MaxRescheduleTime(time.Minute), MaxRescheduleTime(time.Hour), "MaxRescheduleTime(1m0s) and MaxRescheduleTime(1h0m0s) both given"},
+		{Burst(2), Burst(3), "Burst(2) and Burst(3) both given"},
+		{NoLock(), NoLock(), "NoLock() and NoLock() both given"},
+		{OrderGrace(time.Second), OrderGrace(time.Second), "OrderGrace(1s) and OrderGrace(1s) both given"},
+		{Rate(1, time.Second), Rate(2, time.Second), "Rate and Rate both given; give one"},
+	} {
+		t.Run(tt.want, func(t *testing.T) {
+			defer func() {
+				r, _ := recover().(string)
+				if !strings.HasPrefix(r, "asynqmutex.Middleware: ") || !strings.Contains(r, tt.want) {
+					t.Fatalf("Middleware with an option twice panics %q, want it to say %q", r, tt.want)
+				}
+			}()
+			Middleware(locks, tt.a, tt.b)
+		})
+	}
+	// Control: each given once is accepted.
+	Middleware(locks, TTL(time.Second), MaxWait(time.Second), Limit(2), AfterFailure(noop), Logger(slog.Default()), Scope("a"), MaxReschedules(1), MaxRescheduleTime(time.Minute))
+}
+
 // error of package mutex (which names the key itself) or one joined from several.
 func TestErrorsNameKeyOnceOnOneLine(t *testing.T) {
 	task := asynq.NewTask("order:ship", []byte(`{"order_id":"o-1"}`))

@@ -11,7 +11,6 @@ import (
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
-	"github.com/asynqmutex/asynqmutex/order"
 	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
@@ -20,14 +19,36 @@ import (
 // asynq hands its task to another worker.
 const DefaultTTL = 30 * time.Second
 
-// Option configures Middleware. Options follow asynq's style: On("id"), TTL(d).
+// Option configures Middleware. Options follow asynq's style: On("id"), TTL(d). Each
+// is given at most once: Middleware (and NewProducer) panics on an option given
+// twice, naming both calls, rather than keep either silently; Observe alone may be
+// given several times, and calls every function it was given.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// once is the option name, called as call, that sets what set sets: given twice to
+// one Middleware (or NewProducer), it panics naming both calls, since keeping either
+// would silently drop what the caller asked for. Options that share a setting
+// (On, OnEach, KeyBy and KeysBy; Rate and RateBy) refuse each other likewise.
+func once(name, call string, set func(*config)) Option {
+	return optionFunc(func(c *config) {
+		if prev, ok := c.given[name]; ok {
+			panic("asynqmutex.Middleware: " + prev + " and " + call + " both given; give " + name + " once")
+		}
+		if c.given == nil {
+			c.given = make(map[string]string)
+		}
+		c.given[name] = call
+		set(c)
+	})
+}
+
 type config struct {
+	given map[string]string // the options given, by name, as called (see once)
+
 	key      KeyFunc  // one key per task
 	keys     KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
 	keySetBy string   // the option that set key or keys: On, OnEach, KeyBy, KeysBy
@@ -58,10 +79,10 @@ type config struct {
 	burst    int  // Burst; 0 when not given
 	noLock   bool // NoLock: no lock, only the rate gate
 
-	seq        *order.Sequencer // InOrder's; nil without order
-	tasks      TaskLookup       // InOrder's: asks asynq about a task a key waits for
-	orderGrace time.Duration    // OrderGrace, or DefaultOrderGrace
-	graceSet   bool             // OrderGrace was given
+	ordered    bool          // InOrder was given
+	tasks      TaskLookup    // InOrder's: asks asynq about a task a key waits for
+	orderGrace time.Duration // OrderGrace, or DefaultOrderGrace
+	graceSet   bool          // OrderGrace was given
 }
 
 // For makes the middleware apply to tasks of these types only: a task of any other
@@ -112,7 +133,7 @@ func TTL(d time.Duration) Option {
 	if d < mutex.MinTTL || d > mutex.MaxTTL {
 		panic(fmt.Sprintf("asynqmutex.TTL: lease %v outside [%v, %v] (mutex.MinTTL, mutex.MaxTTL)", d, mutex.MinTTL, mutex.MaxTTL))
 	}
-	return optionFunc(func(c *config) { c.ttl = d })
+	return once("TTL", fmt.Sprintf("TTL(%v)", d), func(c *config) { c.ttl = d })
 }
 
 // MaxWait makes a task whose key is busy wait up to d for it, woken the moment the
@@ -126,7 +147,7 @@ func MaxWait(d time.Duration) Option {
 	if d < 0 {
 		panic(fmt.Sprintf("asynqmutex.MaxWait: negative wait %v", d))
 	}
-	return optionFunc(func(c *config) { c.maxWait = d })
+	return once("MaxWait", fmt.Sprintf("MaxWait(%v)", d), func(c *config) { c.maxWait = d })
 }
 
 // OnConflict sets what happens when the key stays busy: Skip, Fail or RetryLater(d).
@@ -136,7 +157,7 @@ func OnConflict(p Policy) Option {
 	if !p.valid() {
 		panic(fmt.Sprintf("asynqmutex.OnConflict: invalid policy %d", p))
 	}
-	return optionFunc(func(c *config) { c.policy = p })
+	return once("OnConflict", fmt.Sprintf("OnConflict(%v)", p), func(c *config) { c.policy = p })
 }
 
 // Limit lets up to n tasks with the same key run at once, on every worker that
@@ -157,7 +178,7 @@ func Limit(n int) Option {
 	if n < 1 || n > mutex.MaxLimit {
 		panic(fmt.Sprintf("asynqmutex.Limit: limit %d outside [1, %d] (mutex.MaxLimit)", n, mutex.MaxLimit))
 	}
-	return optionFunc(func(c *config) { c.limit = n })
+	return once("Limit", fmt.Sprintf("Limit(%d)", n), func(c *config) { c.limit = n })
 }
 
 // AfterFailure calls fn each time a task runs without its handler because the lock
@@ -171,7 +192,7 @@ func AfterFailure(fn func(ctx context.Context, t *asynq.Task, err error)) Option
 	if fn == nil {
 		panic("asynqmutex.AfterFailure: nil function")
 	}
-	return optionFunc(func(c *config) { c.hook = fn })
+	return once("AfterFailure", "AfterFailure(fn)", func(c *config) { c.hook = fn })
 }
 
 // Logger sets where the middleware logs what needs a person's attention: a lock lost
@@ -185,5 +206,5 @@ func Logger(l *slog.Logger) Option {
 	if l == nil {
 		panic("asynqmutex.Logger: nil *slog.Logger")
 	}
-	return optionFunc(func(c *config) { c.logger = l })
+	return once("Logger", "Logger(l)", func(c *config) { c.logger = l })
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/mutex"
-	"github.com/asynqmutex/asynqmutex/order"
 )
 
 // The transfers of one account run in the order they were enqueued, one at a time, on
@@ -17,21 +16,21 @@ import (
 // list, so that both derive the same key from a task.
 func ExampleProducer() {
 	redisOpt := asynq.RedisClientOpt{Addr: "127.0.0.1:6379"}
-	rdb := redis.NewClient(&redis.Options{Addr: redisOpt.Addr})
+	locks := mutex.New(redis.NewClient(&redis.Options{Addr: redisOpt.Addr}))
 	inspector := asynq.NewInspector(redisOpt)
 	ctx := context.Background()
 	payload := []byte(`{"account_id":"acct-7","amount":100}`)
 
 	opts := []asynqmutex.Option{asynqmutex.For("transfer"), asynqmutex.On("account_id"),
-		asynqmutex.InOrder(order.New(rdb), inspector), asynqmutex.MaxWait(10 * time.Second)}
+		asynqmutex.InOrder(inspector), asynqmutex.MaxWait(10 * time.Second)}
 
 	// Producer: takes the task's place in its account's order, then enqueues it.
-	producer := asynqmutex.NewProducer(asynq.NewClient(redisOpt), opts...)
+	producer := asynqmutex.NewProducer(locks, asynq.NewClient(redisOpt), opts...)
 	_, err := producer.Enqueue(ctx, asynq.NewTask("transfer", payload), asynq.Queue("transfers"))
 
 	// Worker: runs a transfer when every earlier one of its account has finished.
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmutex.Middleware(mutex.New(rdb), opts...))
+	mux.Use(asynqmutex.Middleware(locks, opts...))
 	srv := asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{Queues: map[string]int{"transfers": 1}}))
 
 	_, _ = err, srv

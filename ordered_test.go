@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex/order"
 )
@@ -22,23 +21,23 @@ func (noTasks) GetTaskInfo(string, string) (*asynq.TaskInfo, error) {
 
 func TestOrderOptionsPanic(t *testing.T) {
 	locks, m := newLocks(t)
-	seq := order.New(redis.NewClient(&redis.Options{Addr: m.Addr()}))
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	for _, tt := range []struct {
 		name, want string
 		f          func()
 	}{
-		{"nil Sequencer", "asynqmutex.InOrder", func() { InOrder(nil, noTasks{}) }},
-		{"no TaskLookup", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(seq, nil)) }},
-		{"OnEach", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(seq, noTasks{}), OnEach("a", "b")) }},
-		{"Limit", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(seq, noTasks{}), Limit(2)) }},
-		{"NoLock", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(seq, noTasks{}), Rate(1, time.Second), NoLock()) }},
-		{"Skip", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(seq, noTasks{}), OnConflict(Skip)) }},
+		{"no TaskLookup", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(nil)) }},
+		{"OnEach", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(noTasks{}), OnEach("a", "b")) }},
+		{"Limit", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(noTasks{}), Limit(2)) }},
+		{"NoLock", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(noTasks{}), Rate(1, time.Second), NoLock()) }},
+		{"Skip", "asynqmutex.Middleware", func() { Middleware(locks, InOrder(noTasks{}), OnConflict(Skip)) }},
 		{"OrderGrace without InOrder", "asynqmutex.Middleware", func() { Middleware(locks, OrderGrace(time.Second)) }},
 		{"OrderGrace zero", "asynqmutex.OrderGrace", func() { OrderGrace(0) }},
-		{"producer without InOrder", "asynqmutex.NewProducer", func() { NewProducer(client, On("a")) }},
-		{"producer without client", "asynqmutex.NewProducer", func() { NewProducer(nil, InOrder(seq, nil)) }},
+		{"InOrder twice", "InOrder(tasks) and InOrder(tasks) both given", func() { Middleware(locks, InOrder(noTasks{}), InOrder(noTasks{})) }},
+		{"producer without InOrder", "asynqmutex.NewProducer", func() { NewProducer(locks, client, On("a")) }},
+		{"producer without client", "asynqmutex.NewProducer", func() { NewProducer(locks, nil, InOrder(nil)) }},
+		{"producer without locks", "asynqmutex.NewProducer", func() { NewProducer(nil, client, InOrder(nil)) }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			defer func() {
@@ -51,7 +50,7 @@ func TestOrderOptionsPanic(t *testing.T) {
 		})
 	}
 	// A producer needs no TaskLookup.
-	NewProducer(client, InOrder(seq, nil), On("a"))
+	NewProducer(locks, client, InOrder(nil), On("a"))
 }
 
 func TestPlaceOutcome(t *testing.T) {
@@ -105,11 +104,10 @@ func TestOutOfTurnError(t *testing.T) {
 }
 
 func TestProducerKeyIsTheMiddlewares(t *testing.T) {
-	_, m := newLocks(t)
-	seq := order.New(redis.NewClient(&redis.Options{Addr: m.Addr()}))
+	locks, m := newLocks(t)
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
-	p := NewProducer(client, InOrder(seq, nil), On("account"), Scope("acct"))
+	p := NewProducer(locks, client, InOrder(nil), On("account"), Scope("acct"))
 	got, err := p.Key(context.Background(), asynq.NewTask("transfer", []byte(`{"account":"a-1"}`)))
 	want, _ := Key("acct", `"a-1"`)
 	if err != nil || got != want {

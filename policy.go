@@ -50,7 +50,7 @@ func MaxReschedules(n int) Option {
 	if n < 1 {
 		panic(fmt.Sprintf("asynqmutex.MaxReschedules: %d is less than 1; leave it out for no cap, or use OnConflict(Fail) to never reschedule", n))
 	}
-	return optionFunc(func(c *config) { c.maxReschedules = n })
+	return once("MaxReschedules", fmt.Sprintf("MaxReschedules(%d)", n), func(c *config) { c.maxReschedules = n })
 }
 
 // MaxRescheduleTime caps how long RetryLater keeps sending one task back for a busy
@@ -68,7 +68,7 @@ func MaxRescheduleTime(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("asynqmutex.MaxRescheduleTime: %v is not positive; leave it out for no cap", d))
 	}
-	return optionFunc(func(c *config) { c.maxRescheduleTime = d })
+	return once("MaxRescheduleTime", fmt.Sprintf("MaxRescheduleTime(%v)", d), func(c *config) { c.maxRescheduleTime = d })
 }
 
 // Policy says what the middleware does with a task whose key another task holds

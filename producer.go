@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
 	"github.com/asynqmutex/asynqmutex/order"
 )
 
@@ -20,29 +21,35 @@ import (
 // a task. Most callers want Enqueue. A Producer is safe for concurrent use.
 type Producer struct {
 	client *asynq.Client
+	seq    *order.Sequencer
 	config
 }
 
 // NewProducer returns a Producer that enqueues with client, deriving keys as
-// Middleware(locks, opts...) does (On, KeyBy, Scope, For) and taking places from
-// InOrder's Sequencer; options that only a worker uses (TTL, MaxWait, OnConflict,
-// Rate and the others) are accepted and ignored, so that one option list can serve
-// both sides. NewProducer panics if client is nil, if opts lack InOrder, or if they
-// conflict as Middleware's would.
-func NewProducer(client *asynq.Client, opts ...Option) *Producer {
-	if client == nil {
+// Middleware(locks, opts...) does (On, KeyBy, Scope, For) and taking places in the
+// sequences beside locks' keys, where the middleware's InOrder looks for them: give
+// it a mutex.Client on the workers' lock Redis with their prefix. Options that only a
+// worker uses (TTL, MaxWait, OnConflict, Rate and the others) are accepted and
+// ignored, so that one option list can serve both sides. NewProducer panics if locks
+// or client is nil, if opts lack InOrder, or if they conflict as Middleware's would.
+func NewProducer(locks *mutex.Client, client *asynq.Client, opts ...Option) *Producer {
+	switch {
+	case locks == nil:
+		panic("asynqmutex.NewProducer: nil *mutex.Client")
+	case client == nil:
 		panic("asynqmutex.NewProducer: nil *asynq.Client")
 	}
 	p := &Producer{client: client, config: config{limit: 1, orderGrace: DefaultOrderGrace}}
 	for _, o := range opts {
 		o.apply(&p.config)
 	}
-	if p.seq == nil {
-		panic("asynqmutex.NewProducer: no InOrder among the options; the Producer takes places from its Sequencer")
+	if !p.ordered {
+		panic("asynqmutex.NewProducer: no InOrder among the options; the Producer takes places in its keys' order")
 	}
 	p.keyFuncs()
 	p.checkRate()
 	p.checkOrder(false)
+	p.seq = sequencer(locks)
 	return p
 }
 

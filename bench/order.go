@@ -16,7 +16,6 @@ import (
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/benchkit"
 	"github.com/asynqmutex/asynqmutex/mutex"
-	"github.com/asynqmutex/asynqmutex/order"
 )
 
 // Ordered tasks (per-key FIFO): what InOrder costs on distinct keys, against the
@@ -131,20 +130,19 @@ type orderMiddleware struct {
 var orderContenders = []orderContender{
 	{column: column{name: ours}, open: func(e *env, p orderPools) orderMiddleware {
 		locks := mutex.New(p.lrdb, mutex.Prefix(e.prefix+"order-lock:"))
-		// The producer's Sequencer is on the enqueuing pool, the worker's on the
+		// The producer's places are taken on the enqueuing pool, the worker's on the
 		// lock's: as in two processes.
-		prodSeq := order.New(p.enq, order.Prefix(e.prefix+"order:"))
-		seq := order.New(p.lrdb, order.Prefix(e.prefix+"order:"))
+		prodLocks := mutex.New(p.enq, mutex.Prefix(e.prefix+"order-lock:"))
 		insp := asynq.NewInspectorFromRedisClient(p.rdb) // shares rdb: never closed through asynq
-		opts := func(seq *order.Sequencer, tasks asynqmutex.TaskLookup) []asynqmutex.Option {
+		opts := func(tasks asynqmutex.TaskLookup) []asynqmutex.Option {
 			return []asynqmutex.Option{asynqmutex.On("id"), asynqmutex.MaxWait(time.Minute),
-				asynqmutex.InOrder(seq, tasks), asynqmutex.Observe(p.observe)}
+				asynqmutex.InOrder(tasks), asynqmutex.Observe(p.observe)}
 		}
 		return orderMiddleware{
-			wrap:      asynqmutex.Middleware(locks, opts(seq, insp)...),
-			prod:      asynqmutex.NewProducer(p.client, opts(prodSeq, nil)...),
+			wrap:      asynqmutex.Middleware(locks, opts(insp)...),
+			prod:      asynqmutex.NewProducer(prodLocks, p.client, opts(nil)...),
 			configure: asynqmutex.Configure,
-			closeFn:   func() { _ = locks.Close() },
+			closeFn:   func() { _ = locks.Close(); _ = prodLocks.Close() },
 		}
 	}},
 	{column: column{name: plainColumn, peer: true}, open: func(e *env, p orderPools) orderMiddleware {

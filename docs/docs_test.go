@@ -42,7 +42,6 @@ import (
 
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/mutex"
-	"github.com/asynqmutex/asynqmutex/order"
 )
 
 // root is the module's root, seen from this package's directory.
@@ -551,17 +550,17 @@ func readmeRateLimits(mux *asynq.ServeMux, locks *mutex.Client) {
 // README, "Order per key".
 func readmeOrderPerKey(ctx context.Context, redisOpt asynq.RedisClientOpt, payload []byte) error {
 	// needs: ctx context.Context, redisOpt asynq.RedisClientOpt, payload []byte
-	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
+	locks := mutex.New(redisOpt.MakeRedisClient().(redis.UniversalClient))
 	opts := []asynqmutex.Option{asynqmutex.For("transfer"), asynqmutex.On("account_id"),
-		asynqmutex.InOrder(order.New(rdb), asynq.NewInspector(redisOpt)), asynqmutex.MaxWait(10 * time.Second)}
+		asynqmutex.InOrder(asynq.NewInspector(redisOpt)), asynqmutex.MaxWait(10 * time.Second)}
 
 	// Producer: takes the task's place in its account's order, then enqueues it.
-	producer := asynqmutex.NewProducer(asynq.NewClient(redisOpt), opts...)
+	producer := asynqmutex.NewProducer(locks, asynq.NewClient(redisOpt), opts...)
 	_, err := producer.Enqueue(ctx, asynq.NewTask("transfer", payload), asynq.Queue("transfers"))
 
 	// Worker: runs a transfer when every earlier one of its account has finished.
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmutex.Middleware(mutex.New(rdb), opts...))
+	mux.Use(asynqmutex.Middleware(locks, opts...))
 	return errors.Join(err, asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{})).Run(mux))
 }
 

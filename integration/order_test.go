@@ -156,17 +156,14 @@ func orderedWorkload(t *testing.T, ordered bool, keys, perKey int) *orderLog {
 	e := newEnv(t)
 	log := newOrderLog()
 	const producers, servers = 2, 4
-	newSeq := func() *order.Sequencer {
-		return order.New(redis.NewClient(&redis.Options{Addr: e.redis.Addr()}))
-	}
-	opts := func(seq *order.Sequencer, insp *asynq.Inspector) []asynqmutex.Option {
+	opts := func(insp *asynq.Inspector) []asynqmutex.Option {
 		o := []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
 			// A wait that covers a failed task's return (its retry comes within about a
 			// second), so that successors seldom go back to the queue.
 			asynqmutex.MaxWait(3 * time.Second), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
 			asynqmutex.Observe(log.observe)}
 		if ordered {
-			o = append(o, asynqmutex.InOrder(seq, insp))
+			o = append(o, asynqmutex.InOrder(insp))
 		}
 		return o
 	}
@@ -174,7 +171,7 @@ func orderedWorkload(t *testing.T, ordered bool, keys, perKey int) *orderLog {
 		locks, _ := newLocks(t, e.opt)
 		mux := asynq.NewServeMux()
 		mux.HandleFunc(orderedType, log.handler)
-		mux.Use(asynqmutex.Middleware(locks, opts(newSeq(), newInspector(t, e.opt))...))
+		mux.Use(asynqmutex.Middleware(locks, opts(newInspector(t, e.opt))...))
 		startServer(t, e.opt, asynqmutex.Configure(asynq.Config{
 			Concurrency:    8,
 			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second },
@@ -186,7 +183,8 @@ func orderedWorkload(t *testing.T, ordered bool, keys, perKey int) *orderLog {
 		var prod *asynqmutex.Producer
 		if ordered {
 			// A producer asks asynq nothing: it needs no TaskLookup.
-			prod = asynqmutex.NewProducer(client, opts(newSeq(), nil)...)
+			locks, _ := newLocks(t, e.opt)
+			prod = asynqmutex.NewProducer(locks, client, opts(nil)...)
 		}
 		wg.Add(1)
 		go func() {
@@ -300,10 +298,10 @@ func newGapEnv(t *testing.T, grace time.Duration) *gapEnv {
 	g := &gapEnv{env: e, log: newOrderLog(), grace: grace}
 	g.seq = order.New(e.rdb)
 	g.opts = []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
-		asynqmutex.InOrder(g.seq, e.insp), asynqmutex.OrderGrace(grace),
+		asynqmutex.InOrder(e.insp), asynqmutex.OrderGrace(grace),
 		asynqmutex.MaxWait(2 * grace), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
 		asynqmutex.Observe(g.log.observe)}
-	g.prod = asynqmutex.NewProducer(e.cli, g.opts...)
+	g.prod = asynqmutex.NewProducer(mutex.New(e.rdb), e.cli, g.opts...)
 	return g
 }
 
@@ -611,11 +609,11 @@ func TestOrderCosts(t *testing.T) {
 		return rdb
 	}
 	log := newOrderLog()
-	opts := func(seq *order.Sequencer, insp *asynq.Inspector) []asynqmutex.Option {
+	opts := func(insp *asynq.Inspector) []asynqmutex.Option {
 		return []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
-			asynqmutex.InOrder(seq, insp), asynqmutex.MaxWait(5 * time.Second)}
+			asynqmutex.InOrder(insp), asynqmutex.MaxWait(5 * time.Second)}
 	}
-	prod := asynqmutex.NewProducer(e.cli, opts(order.New(client(&prodCalls)), nil)...)
+	prod := asynqmutex.NewProducer(mutex.New(client(&prodCalls)), e.cli, opts(nil)...)
 	worker := client(&workCalls)
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(orderedType, log.handler)
@@ -623,7 +621,7 @@ func TestOrderCosts(t *testing.T) {
 	mux.HandleFunc("locked", func(context.Context, *asynq.Task) error { locked.Add(1); return nil })
 	mux.HandleFunc("plain", func(context.Context, *asynq.Task) error { return nil })
 	locks := mutex.New(worker)
-	mux.Use(asynqmutex.Middleware(locks, opts(order.New(worker), e.insp)...))
+	mux.Use(asynqmutex.Middleware(locks, opts(e.insp)...))
 	mux.Use(asynqmutex.Middleware(locks, asynqmutex.For("locked"), asynqmutex.On("key")))
 	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 1}), mux)
 

@@ -39,7 +39,6 @@ import (
 
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/mutex"
-	"github.com/asynqmutex/asynqmutex/order"
 )
 
 // procEnv carries a process's JSON procSpec; set, it makes this binary a worker or a
@@ -222,11 +221,11 @@ func procMain(raw string) int {
 
 // options are the middleware's and producer's options: one list serves both, as
 // NewProducer's doc suggests.
-func options(spec procSpec, seq *order.Sequencer, tasks asynqmutex.TaskLookup, observe func(context.Context, asynqmutex.Event)) []asynqmutex.Option {
+func options(spec procSpec, tasks asynqmutex.TaskLookup, observe func(context.Context, asynqmutex.Event)) []asynqmutex.Option {
 	o := []asynqmutex.Option{asynqmutex.For(taskType), asynqmutex.On("key"),
 		asynqmutex.MaxWait(spec.MaxWait), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second))}
 	if spec.Ordered {
-		o = append(o, asynqmutex.InOrder(seq, tasks))
+		o = append(o, asynqmutex.InOrder(tasks))
 		if spec.Grace > 0 {
 			o = append(o, asynqmutex.OrderGrace(spec.Grace))
 		}
@@ -343,7 +342,7 @@ func runWorker(ctx context.Context, spec procSpec, ref *redis.Client, rep *procR
 	w := &worker{spec: spec, ref: ref, ops: map[string]int{}}
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(taskType, w.handle)
-	mux.Use(asynqmutex.Middleware(mutex.New(rdb), options(spec, order.New(rdb), insp, w.observe)...))
+	mux.Use(asynqmutex.Middleware(mutex.New(rdb), options(spec, insp, w.observe)...))
 	srv := asynq.NewServer(opt, asynqmutex.Configure(asynq.Config{
 		Concurrency: spec.Concurrency,
 		// A failed task is due again at once; asynq moves it back to its queue at the
@@ -388,7 +387,7 @@ func runProducer(ctx context.Context, spec procSpec, ref *redis.Client, rep *pro
 	var prod *asynqmutex.Producer
 	if spec.Ordered {
 		// A producer asks asynq nothing: it needs no TaskLookup.
-		prod = asynqmutex.NewProducer(client, options(spec, order.New(rdb), nil, nil)...)
+		prod = asynqmutex.NewProducer(mutex.New(rdb), client, options(spec, nil, nil)...)
 	}
 	if err := ref.RPush(ctx, "ready", roleProducer+":"+strconv.Itoa(spec.ID)).Err(); err != nil {
 		return fmt.Errorf("referee: ready: %w", err)

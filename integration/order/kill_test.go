@@ -13,6 +13,7 @@ import (
 
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/mutex"
 	"github.com/asynqmutex/asynqmutex/order"
 )
 
@@ -99,8 +100,8 @@ func producerKilled(t *testing.T, grace time.Duration, kill bool) killResult {
 	// The parent's Producer only derives the key, as the processes' do.
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: f.redis.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
-	seq := order.New(f.rdb)
-	prod := asynqmutex.NewProducer(client, options(procSpec{Ordered: true, MaxWait: grace}, seq, nil, nil)...)
+	seq := order.New(f.rdb) // the parent reads the key's order, as an operator would
+	prod := asynqmutex.NewProducer(mutex.New(f.rdb), client, options(procSpec{Ordered: true, MaxWait: grace}, nil, nil)...)
 	lockKey, err := prod.Key(ctx, asynq.NewTask(taskType, []byte(`{"key":"k"}`)))
 	if err != nil {
 		t.Fatal(err)

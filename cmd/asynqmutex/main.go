@@ -22,8 +22,9 @@
 //	asynqmutex help
 //
 // list prints every held lock under the prefix, sorted by key: its holder (the task
-// type and task ID the middleware records, host and process ID), how long it has
-// been held, the lease left, its fence and how many waiters are queued.
+// type and task ID the middleware records, host and process ID; a task whose turn
+// it is in its key's order by its task type and place), how long it has been held,
+// the lease left, its fence and how many waiters are queued.
 //
 // show prints one lock in full, with up to 100 of its waiters in the order they are
 // served. A key nobody holds is reported as not held, with exit status 0.

@@ -92,7 +92,7 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	out := &printer{w: stdout, json: inv.json, prefix: inv.prefix}
 	switch inv.cmd {
 	case "list":
-		return conn.explain(list(ctx, conn.locks, out))
+		return conn.explain(list(ctx, conn.locks, conn.orders, out))
 	case "show":
 		return conn.explain(show(ctx, conn.locks, key, inv.givenKey(), out))
 	case "release":
@@ -132,7 +132,8 @@ Usage:
 
 Commands:
   list     every held lock under the prefix, sorted by key: holder (task ID
-           cut to 8 characters), held for, lease left, fence, waiters
+           cut to 8 characters; a task whose turn it is in its key's order by
+           its task type and place), held for, lease left, fence, waiters
   show     one lock in full, with its waiters in the order they are served
   release  free a lock whoever holds it (needs --force); it goes to the first
            waiter, if any. The holder is not told until it next renews, and its

@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/order"
 )
 
 // printer writes a command's result as text for people or, with json, as one JSON
@@ -33,8 +34,9 @@ func (p *printer) encode(v any) error {
 	return enc.Encode(v)
 }
 
-// list prints every held lock, sorted by key.
-func list(ctx context.Context, locks *mutex.Client, p *printer) error {
+// list prints every held lock, sorted by key; a lock held by the task whose turn
+// it is in its key's order (InOrder) shows the task's place.
+func list(ctx context.Context, locks *mutex.Client, orders *order.Sequencer, p *printer) error {
 	var held []mutex.Info
 	for in, err := range locks.List(ctx) {
 		if err != nil {
@@ -45,10 +47,16 @@ func list(ctx context.Context, locks *mutex.Client, p *printer) error {
 	slices.SortFunc(held, func(a, b mutex.Info) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.RedisKey, b.RedisKey))
 	})
+	places, err := placesOf(ctx, orders, held)
+	if err != nil {
+		return err
+	}
 	if p.json {
 		doc := listJSON{Prefix: p.prefix, Locks: make([]lockJSON, 0, len(held))}
-		for _, in := range held {
-			doc.Locks = append(doc.Locks, p.lockJSON(in, false))
+		for i, in := range held {
+			j := p.lockJSON(in, false)
+			j.Place = places[i]
+			doc.Locks = append(doc.Locks, j)
 		}
 		return p.encode(doc)
 	}
@@ -58,10 +66,34 @@ func list(ctx context.Context, locks *mutex.Client, p *printer) error {
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHOLDER\tHELD FOR\tLEASE\tFENCE\tWAITING")
-	for _, in := range held {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderBrief(in), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
+	for i, in := range held {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderBrief(in, places[i]), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
 	}
 	return tw.Flush()
+}
+
+// placesOf returns, for each lock of held, the place in its key's order of the task
+// that holds it, or 0: the key has no order, its turn is another task's, or the
+// holder recorded no task (one read of the key's order per such lock). A user
+// whose ACL rules leave out order's (docs/operating.md) is shown no places.
+func placesOf(ctx context.Context, orders *order.Sequencer, held []mutex.Info) ([]int64, error) {
+	places := make([]int64, len(held))
+	for i, in := range held {
+		if in.Holder.ID == "" || in.Digested || in.Foreign || in.Limit > 1 {
+			continue // InOrder takes plain locks, as HeldBy(task type, task ID)
+		}
+		st, err := orders.Inspect(ctx, in.Key)
+		if refusedByACL(err) {
+			return places, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if st.Waiting() > 0 && st.Holder.TaskID == in.Holder.ID {
+			places[i] = st.Next
+		}
+	}
+	return places, nil
 }
 
 // show prints one lock in full. A key nobody holds is no error, but the keys held
@@ -240,6 +272,9 @@ type lockJSON struct {
 	// held_for_ms then describe the newest holder, lease_left_ms the longest lease.
 	Limit   int        `json:"limit,omitempty"`
 	Holders []slotJSON `json:"holders,omitempty"`
+	// Place: list only, the holder's place in the key's order (InOrder), when its
+	// task is the one whose turn it is.
+	Place int64 `json:"place,omitempty"`
 }
 
 type slotJSON struct {
@@ -356,16 +391,21 @@ func holderText(in mutex.Info) string {
 // holderBrief is the holder as list shows it, to keep a line within a terminal's
 // width: without its task type when the key begins with it, the ID cut to its
 // first 8 characters, and the count of further holders of a key held with
-// Limit(n). show gives it whole.
-func holderBrief(in mutex.Info) string {
+// Limit(n). show gives it whole. The task at place (when not 0) in its key's order
+// is shown by its type and place instead: the IDs Producer gives its tasks begin
+// with the time, alike in their first characters.
+func holderBrief(in mutex.Info, place int64) string {
 	if in.Foreign {
 		return "unknown (set by hand?)"
 	}
 	h := in.Holder
-	if typ, _, ok := splitKey(in.Key); ok && typ == h.Name && h.ID != "" {
+	switch typ, _, ok := splitKey(in.Key); {
+	case place > 0:
+		h.ID = "place " + strconv.FormatInt(place, 10)
+	case ok && typ == h.Name && h.ID != "":
 		h.Name = ""
 	}
-	if cut := 8; len(h.ID) > cut+1 {
+	if cut := 8; place == 0 && len(h.ID) > cut+1 {
 		for cut > 0 && !utf8.RuneStart(h.ID[cut]) {
 			cut--
 		}

@@ -96,23 +96,19 @@ func placesOf(ctx context.Context, orders *order.Sequencer, held []mutex.Info) (
 	return places, nil
 }
 
-// show prints one lock in full. A key nobody holds is no error, but the keys held
-// near it are listed, so that a mistyped key is not read as a free one.
-func show(ctx context.Context, locks *mutex.Client, key, given string, p *printer) error {
-	in, err := locks.Inspect(ctx, key)
+// show prints one lock in full, of the first form of the key that is held (see
+// forms), and what the other forms hold. A key nobody holds is a failure, told on
+// stderr after the report: the keys held near it are listed, so that a mistyped key
+// is not read as a free one.
+func show(ctx context.Context, locks *mutex.Client, forms []form, given string, p *printer, stderr io.Writer) error {
+	all, shown, err := lookUp(forms, func(key string) (mutex.Info, bool, error) {
+		in, err := locks.Inspect(ctx, key)
+		return in, in.Held, err
+	})
 	if err != nil {
 		return err
 	}
-	if !in.Held && given != "" && given != key {
-		// A key of KeyBy's that only looks like the middleware's, held as typed.
-		asGiven, err := locks.Inspect(ctx, given)
-		if err != nil {
-			return err
-		}
-		if asGiven.Held {
-			in, key = asGiven, given
-		}
-	}
+	in, key := all[shown].v, all[shown].key
 	var near *nearby
 	if !in.Held {
 		if near, err = findNearby(ctx, locks, key); err != nil {
@@ -120,16 +116,24 @@ func show(ctx context.Context, locks *mutex.Client, key, given string, p *printe
 		}
 	}
 	if p.json {
-		return p.encode(showJSON{lockJSON: p.lockJSON(in, true), Nearby: near})
+		if err := p.encode(showJSON{lockJSON: p.lockJSON(in, true), OtherForms: othersJSON(all, shown), Nearby: near}); err != nil {
+			return err
+		}
+	} else if err := p.showText(in, all, shown, given, near); err != nil {
+		return err
 	}
+	if !in.Held {
+		return notFound(stderr, all, p.prefix, lockWords)
+	}
+	return nil
+}
+
+// showText is show's report for a person.
+func (p *printer) showText(in mutex.Info, all []found[mutex.Info], shown int, given string, near *nearby) error {
 	field := func(label, format string, args ...any) {
 		fmt.Fprintf(p.w, "%-13s"+format+"\n", append([]any{label}, args...)...)
 	}
-	if given != "" && given != key {
-		field("Key:", "%s (given as %s, read as the middleware writes it)", keyText(in), printable(given))
-	} else {
-		field("Key:", "%s", keyText(in))
-	}
+	field("Key:", "%s", keyLine(keyText(in), all[shown].form, given))
 	field("Redis key:", "%s", printable(in.RedisKey))
 	switch {
 	case in.Foreign:
@@ -165,6 +169,7 @@ func show(ctx context.Context, locks *mutex.Client, key, given string, p *printe
 			return err
 		}
 	}
+	writeOthers(p.w, all, shown, lockWords)
 	if near != nil {
 		near.write(p.w, p.prefix)
 	}
@@ -310,11 +315,13 @@ type releaseJSON struct {
 	Nearby *nearby `json:"nearby,omitempty"`
 }
 
-// showJSON is show's document: the lock and, when nobody holds it, the keys held
-// near it.
+// showJSON is show's document: the lock, the other forms of its key and, when
+// nobody holds it, the keys held near it.
 type showJSON struct {
 	lockJSON
-	Nearby *nearby `json:"nearby,omitempty"`
+	// OtherForms: the other keys the command line may mean (see forms).
+	OtherForms []otherFormJSON `json:"other_forms,omitempty"`
+	Nearby     *nearby         `json:"nearby,omitempty"`
 }
 
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {

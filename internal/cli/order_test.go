@@ -49,9 +49,29 @@ func TestOrder(t *testing.T) {
 		t.Errorf("order --json = %+v (holder %+v)", doc, doc.Holder)
 	}
 
-	r = mustRun(t, "order", "--task", "transfer", "acct-8", uri)
-	if !strings.Contains(r.stdout, "not ordered") {
-		t.Errorf("order of a key without one:\n%s", r.stdout)
+	// A key without an order: exit 1, and the ordered keys of its task type.
+	r = cli(t, nil, "order", "--task", "transfer", "acct-8", uri)
+	if r.code != exitFailure || !strings.Contains(r.stdout, "not ordered") ||
+		!strings.Contains(r.stderr, `not found: no order is kept for ["transfer","acct-8"] under prefix "asynqmutex:"`) {
+		t.Errorf("order of a key without one: %v\nwant exit 1 and not ordered", r)
+	}
+	for _, want := range []string{
+		`Ordered nearby: 1 key of task type "transfer" (of 1 ordered under prefix "asynqmutex:"); is one of them meant?`,
+		"  " + key + "    asynqmutex order --task transfer acct-7\n",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("order of a near miss:\n%s\nwant it to contain %q", r.stdout, want)
+		}
+	}
+	r = cli(t, nil, "order", "--json", `["nobody:here"]`, uri)
+	var miss orderJSON
+	if err := json.Unmarshal([]byte(r.stdout), &miss); err != nil || r.code != exitFailure || miss.Ordered || miss.Nearby == nil ||
+		miss.Nearby.TaskType != "nobody:here" || len(miss.Nearby.Keys) != 0 || miss.Nearby.Ordered != 1 {
+		t.Errorf("order --json of a key of no ordered type: %v (%v)\nwant exit 1, nearby with no keys, of 1 ordered", r, err)
+	}
+	if r := cli(t, nil, "order", `["nobody:here"]`, uri); !strings.Contains(r.stdout,
+		`No key of task type "nobody:here" is ordered; 1 other key is ordered under prefix "asynqmutex:".`+"\n") {
+		t.Errorf("order of a task type nobody orders:\n%s\nwant the count of ordered keys", r.stdout)
 	}
 
 	// --skip moves the key past its next place, and only past the one named.

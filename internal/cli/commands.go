@@ -473,6 +473,9 @@ func human(d time.Duration) string {
 		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 	}
 	d = d.Round(time.Hour)
+	if d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
 }
 

@@ -79,7 +79,7 @@ func TestNumberOrString(t *testing.T) {
 	r = mustRun(t, "rate", "--task", "email:send", "42", uri)
 	for _, want := range []string{
 		"Key:         " + rstr + " (42 as a string)\n",
-		"Starts:      1 remembered",
+		"Remembered:  1 start: ",
 		"Other form:  " + rnum + " (42 as a number): nothing remembered\n",
 	} {
 		if !strings.Contains(r.stdout, want) {

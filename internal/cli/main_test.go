@@ -600,6 +600,7 @@ func TestHuman(t *testing.T) {
 		{3*time.Hour + 5*time.Minute + 20*time.Second, "3h5m"},
 		{2*time.Hour + 10*time.Second, "2h0m"},
 		{50*time.Hour + 40*time.Minute, "2d3h"},
+		{24 * time.Hour, "1d"},
 	}
 	for _, tt := range tests {
 		if got := human(tt.d); got != tt.want {

@@ -112,7 +112,8 @@ func (p *printer) orderText(st order.State, all []found[order.State], shown int,
 			field("Waits for:", "task %s in queue %s, which took its place %s ago", printable(h.TaskID), printable(h.Queue), human(h.Age))
 		}
 	}
-	field("Skipped:", "%d %s moved past without their task finishing", st.Skipped, plural(int(st.Skipped), "place", "places"))
+	field("Skipped:", "%d %s moved past without %s finishing", st.Skipped, plural(int(st.Skipped), "place", "places"),
+		plural(int(st.Skipped), "its task", "their tasks"))
 	field("Redis key:", "%s", printable(st.RedisKey))
 	writeOthers(p.w, all, shown, orderWords)
 }

@@ -32,7 +32,7 @@ func TestOrder(t *testing.T) {
 	for _, want := range []string{
 		"Next place:  2 of 3 taken: 2 places not finished",
 		`Waits for:   task t-2 in queue transfers, which took its place`,
-		"Skipped:     1 place moved past without their task finishing",
+		"Skipped:     1 place moved past without its task finishing\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("order's output lacks %q:\n%s", want, r.stdout)

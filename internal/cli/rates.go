@@ -112,18 +112,26 @@ func (p *printer) rateText(st ratelimit.State, all []found[ratelimit.State], sho
 	switch {
 	case st.Interval == 0:
 	case st.Full > 0:
-		field("Reset in:", "%s (then all %d %s free again)", until(st.Full), st.Burst, plural(st.Burst, "start is", "starts are"))
+		field("Reset in:", "%s (then %s free again)", until(st.Full), burstText(st.Burst))
 	default:
-		field("Reset in:", "now (all %d %s free)", st.Burst, plural(st.Burst, "start is", "starts are"))
+		field("Reset in:", "now (%s free)", burstText(st.Burst))
 	}
 	if st.Paused > 0 {
 		field("Paused:", "%s left; 'asynqmutex resume %s' ends it", human(st.Paused), taskArgs(key))
 	} else {
 		field("Paused:", "no")
 	}
-	field("Starts:", "%d remembered (those of the last 10 to 20 s, and those reserved ahead)", st.Starts)
+	field("Remembered:", "%d %s: those begun in the last 10 to 20 s, and those reserved ahead", st.Starts, plural(st.Starts, "start", "starts"))
 	field("Redis key:", "%s", printable(st.RedisKey))
 	writeOthers(p.w, all, shown, rateWords)
+}
+
+// burstText says which starts of a burst of n are meant: its one, or all n.
+func burstText(n int) string {
+	if n == 1 {
+		return "its one start is"
+	}
+	return fmt.Sprintf("all %d starts are", n)
 }
 
 // pause holds every start of key back for --for, under the limit --every and

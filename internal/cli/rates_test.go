@@ -159,7 +159,7 @@ func TestRateShow(t *testing.T) {
 		"Reset in:    ",
 		"(then all 5 starts are free again)\n",
 		"Paused:      no\n",
-		"Starts:      3 remembered",
+		"Remembered:  3 starts: those begun in the last 10 to 20 s, and those reserved ahead\n",
 		"Redis key:   asynqmutex:rate:{" + f.pay + "}\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
@@ -180,8 +180,13 @@ func TestRateShow(t *testing.T) {
 	}
 	// A space inside the array finds the key, as show does for locks.
 	r = mustRun(t, "rate", f.uri, `["payment:capture", "c-42"]`)
-	if !strings.Contains(r.stdout, `given as ["payment:capture", "c-42"]`) || !strings.Contains(r.stdout, "Starts:      3") {
+	if !strings.Contains(r.stdout, `given as ["payment:capture", "c-42"]`) || !strings.Contains(r.stdout, "Remembered:  3 starts") {
 		t.Errorf("rate with a space in the key:\n%s\nwant the key read as the middleware writes it", r.stdout)
+	}
+	// A burst of one is its one start, not "all 1 start".
+	if r := mustRun(t, "rate", f.uri, f.long); !strings.Contains(r.stdout, "(then its one start is free again)\n") ||
+		!strings.Contains(r.stdout, "Remembered:  1 start: ") {
+		t.Errorf("rate of a key with a burst of 1:\n%s\nwant its one start free again, 1 start remembered", r.stdout)
 	}
 	r = mustRun(t, "rate", f.uri, "--json", f.long)
 	var long rateShowJSON

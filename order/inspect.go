@@ -3,11 +3,15 @@ package order
 import (
 	"context"
 	"fmt"
+	"iter"
+
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // State is what Redis holds for a key's sequence, for people: a snapshot.
 type State struct {
 	Key      string // the key
+	Digested bool   // List only: Key holds only the first bytes of a long key (see mutex.Info)
 	RedisKey string // the hash that holds the sequence, and its channel (docs/protocol.md)
 	Epoch    string // when the sequence began, in µs of server time; "" for a key without one
 	// Next is the place whose turn it is, Last the last place taken: Last-Next+1
@@ -27,13 +31,35 @@ func (st State) Waiting() int64 { return max(st.Last-st.Next+1, 0) }
 // RedisKey. Safe for concurrent use.
 func (s *Sequencer) Inspect(ctx context.Context, key string) (State, error) {
 	rkey := redisKey(s.prefix, key)
-	st := State{Key: key, RedisKey: rkey}
 	res, err := s.run.Run(ctx, inspectScript, []string{rkey}).Slice()
 	if err != nil {
-		return st, fmt.Errorf("order: inspect %s: %w", show(key), err)
+		return State{Key: key, RedisKey: rkey}, fmt.Errorf("order: inspect %s: %w", show(key), err)
 	}
+	st, err := state(rkey, res)
+	st.Key = key
+	return st, err
+}
+
+// List yields the sequence of every key of the Sequencer's prefix that has one, in no
+// particular order, reading them SCAN batch by batch with one pipelined script call
+// per key (every master of a Cluster in turn). A key longer than 256 bytes once
+// escaped is yielded by its first 64 bytes, Digested. Iteration stops at the first
+// error, which is yielded with a zero State. Safe for concurrent use.
+func (s *Sequencer) List(ctx context.Context) iter.Seq2[State, error] {
+	return store.List(ctx, s.run, "order: list", store.EscapeGlob(s.prefix+orderInfix)+"{*}", "hash", inspectScript,
+		func(rkey string) []string { return []string{rkey} }, nil,
+		func(rkey string, reply []any) (State, bool, error) {
+			st, err := state(rkey, reply)
+			st.Key, st.Digested = keyOf(s.prefix, rkey)
+			return st, err == nil && st.Epoch != "", err
+		})
+}
+
+// state reads inspect.lua's reply about the sequence at Redis key rkey.
+func state(rkey string, res []any) (State, error) {
+	st := State{RedisKey: rkey}
 	if len(res) != 6 {
-		return st, fmt.Errorf("order: inspect %s: unexpected reply %v", show(key), res)
+		return st, fmt.Errorf("order: inspect %s: unexpected reply %v", show(rkey), res)
 	}
 	st.Epoch, _ = res[0].(string)
 	st.Next, st.Last, st.Skipped = number(res[1]), number(res[2]), number(res[3])

@@ -64,6 +64,11 @@ func redisKey(prefix, key string) string {
 	return prefix + orderInfix + "{" + rediskey.Encode(key) + "}"
 }
 
+// keyOf decodes the key from the Redis key of its sequence under prefix.
+func keyOf(prefix, rkey string) (key string, digested bool) {
+	return rediskey.Decode(strings.TrimSuffix(strings.TrimPrefix(rkey, prefix+orderInfix+"{"), "}"))
+}
+
 // record is what a place's field holds: when it was taken, and the task that holds it.
 type record struct {
 	taken     int64 // µs of server time

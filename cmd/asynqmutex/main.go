@@ -2,7 +2,7 @@
 // middleware and its mutex package take: who holds a key, since when, with which
 // fence, and who waits for it. It also shows the per-key rate limits of package
 // ratelimit, how many starts a key has left and when it is free again, and pauses
-// and resumes them.
+// and resumes them; and the order of a key's tasks (package order).
 //
 // Install it with:
 //
@@ -19,14 +19,17 @@
 //	asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
 //	asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
 //	asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
+//	asynqmutex [flags] order [--skip N] KEY | --task TYPE [VALUE...]
 //	asynqmutex help
 //
 // list prints every held lock under the prefix, sorted by key: its holder (the task
-// type and task ID the middleware records, host and process ID), how long it has
-// been held, the lease left, its fence and how many waiters are queued.
+// type and task ID the middleware records, host and process ID; a task whose turn
+// it is in its key's order by its task type and place), how long it has been held,
+// the lease left, its fence and how many waiters are queued.
 //
 // show prints one lock in full, with up to 100 of its waiters in the order they are
-// served. A key nobody holds is reported as not held, with exit status 0.
+// served. A key nobody holds is reported as not held, with the held keys of its
+// task type, and exits with status 1.
 //
 // release --force frees a lock whoever holds it and hands it to the longest-queued
 // waiter, if any. The holder is not told: it may still be working, and learns that
@@ -41,7 +44,9 @@
 // many starts may begin now, the time until the next one may, until every start of
 // the burst is free again (RESET), the pause left, and the starts remembered (those
 // of the last 10 to 20 seconds and those reserved ahead). rate prints one key so; a
-// key Redis remembers nothing of is reported as not limited, with exit status 0.
+// key Redis remembers nothing of is reported as idle (its next start may begin now;
+// Redis forgets a limited key 10 to 20 seconds after its last start), with the
+// limited keys of its task type, and exits with status 1: it may be mistyped.
 //
 // pause --for D lets no start of the key begin for D, on every worker; after it the
 // key's starts come one at a time at its spacing. A pause is kept as a time under
@@ -51,13 +56,21 @@
 // resume ends a key's pause at once (starts already taken keep their times); a key
 // with no pause left is reported, and exits with status 1.
 //
+// order prints a key's order (InOrder): the place whose turn it is, the task that
+// holds it, the places taken and not finished, and those skipped; a key without an
+// order is reported with the ordered keys of its task type, and exits with status
+// 1. order --skip N moves the key past its next place, N, whose task will not come.
+//
 // A KEY is the lock key as the lock was taken on, for the middleware the JSON array
 // of the task type and the On fields: '["payment:capture","c-42"]' (quote it for
 // the shell); a rate limit's key is named the same way. --task builds that key the
-// way On does, from the task type and the field values in On's order, each given as
-// JSON text: '"42"' is the string 42 and 42 the number. A value that is not valid
-// JSON is taken as a string, so c-42 is the string "c-42". A value that starts with
-// a dash goes after --, which ends the flags.
+// way On does, as asynqmutex.Key does, from the task type and the field values in
+// On's order, each given as JSON text: '"42"' is the string 42 and 42 the number. A
+// value that is not JSON text, which Key refuses, is taken as a string, so c-42 is
+// the string "c-42". A value that starts with a dash goes after --, which ends the
+// flags. A payload may hold 42 or "42", different keys: show, rate and order look a
+// value typed without quotes that JSON reads as a number, a boolean or null up in
+// both forms, show the one Redis has, and name the other.
 //
 // Flags may come before or after the command:
 //
@@ -70,13 +83,14 @@
 //	    --tls              use TLS, verifying the server's certificate for its host
 //	    --tls_server NAME  use TLS, verifying the certificate for NAME
 //	    --insecure         use TLS without verifying the certificate
-//	    --prefix P         key prefix of the locks and rate limits (default "asynqmutex:")
+//	    --prefix P         key prefix of the locks, rate limits and orders (default "asynqmutex:")
 //	    --json             print one JSON document instead of text
 //	    --force            release: take the lock from its holder
-//	    --task TYPE        show, release, rate, pause, resume: the key of a task of type TYPE
+//	    --task TYPE        show, release, rate, pause, resume, order: the key of a task of type TYPE
 //	    --for D            pause: how long (30s, 5m)
 //	    --every D          pause: the spacing of the key's starts (100ms)
 //	    --burst N          pause: the key's burst (default 1 with --every)
+//	    --skip N           order: move the key past its next place, N
 //
 // Without --uri and --cluster, the address comes from the environment variable
 // REDIS_URL (redis://[user:password@]host:port[/db] or rediss:// for TLS) when it is
@@ -89,8 +103,9 @@
 // its interval_ms keeps microseconds as a fraction.
 //
 // Exit status: 0 on success, 1 when Redis could not be reached or answered with an
-// error (or release found nothing to release, or resume no pause), 2 for a usage
-// error.
+// error, or the key asked for was not found (show, rate, order; with --json the
+// document is printed too), or release found nothing to release, resume no pause,
+// order --skip not that place, 2 for a usage error.
 //
 // Examples:
 //

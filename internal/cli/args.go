@@ -6,6 +6,7 @@ import (
 	"flag"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -223,7 +224,7 @@ func (inv *invocation) targetKey() (string, error) {
 		}
 		key, err := taskKey(inv.task, inv.args)
 		if err != nil {
-			return "", usagef("%v", err)
+			return "", inv.valueError(err)
 		}
 		return key, nil
 	}
@@ -243,20 +244,46 @@ func (inv *invocation) targetKey() (string, error) {
 	}
 }
 
-// taskKey is asynqmutex.Key with every value that is not JSON text taken as a string.
+// valueNumber finds the value asynqmutex.Key's error names.
+var valueNumber = regexp.MustCompile(`^asynqmutex\.Key: value (\d+)`)
+
+// valueError is the usage error for err, asynqmutex.Key's refusal of a --task
+// value, in the command's terms and with what to type for the text as a string.
+func (inv *invocation) valueError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), "asynqmutex.Key: ")
+	m := valueNumber.FindStringSubmatch(err.Error())
+	if m == nil {
+		return usagef("--task %s", msg)
+	}
+	n, _ := strconv.Atoi(m[1])
+	if n < 1 || n > len(inv.args) {
+		return usagef("--task %s", msg)
+	}
+	return usagef("--task %s; to give the text %s as a string, type it in double quotes: %s", msg,
+		shortkey.Quote(inv.args[n-1]), shellQuote(jsonString(inv.args[n-1])))
+}
+
+// taskKey is asynqmutex.Key with every value that is not JSON text taken as a
+// string: each value Key accepts means what it means to Key, and one it refuses as
+// not JSON text (tx-42, where Key wants "tx-42") is the string typed.
 func taskKey(taskType string, values []string) (string, error) {
 	vals := make([]string, len(values))
 	for i, v := range values {
 		vals[i] = v
 		if !json.Valid([]byte(v)) {
-			var b bytes.Buffer
-			enc := json.NewEncoder(&b)
-			enc.SetEscapeHTML(false)
-			_ = enc.Encode(v) // a string always encodes
-			vals[i] = strings.TrimSuffix(b.String(), "\n")
+			vals[i] = jsonString(v)
 		}
 	}
 	return asynqmutex.Key(taskType, vals...)
+}
+
+// jsonString is s as a JSON string.
+func jsonString(s string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s) // a string always encodes
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // givenKey is the KEY argument as typed, or "" with --task.

@@ -12,8 +12,9 @@ import (
 
 // Run runs the command with args (without the program name), reading the
 // environment through env (os.Getenv) and writing to stdout and stderr. It returns
-// the exit status: 0 success, 1 Redis unreachable or failing (or nothing to
-// release or resume), 2 a usage error. Safe for concurrent use.
+// the exit status: 0 success, 1 Redis unreachable or failing (or the key asked for
+// not found, or nothing to release, resume or skip), 2 a usage error. Safe for
+// concurrent use.
 func Run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	return run(ctx, args, env, stdout, stderr)
 }
@@ -21,7 +22,7 @@ func Run(ctx context.Context, args []string, env func(string) string, stdout, st
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // Redis unreachable or failing, or nothing to release, resume or skip
+	exitFailure = 1 // Redis unreachable or failing, the key not found, or nothing to release, resume or skip
 	exitUsage   = 2
 )
 
@@ -76,6 +77,10 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	forms, err := inv.forms(key)
+	if err != nil {
+		return err
+	}
 	if inv.cmd == "release" && !inv.force {
 		return usagef("release needs --force to free %s: it takes the lock from its holder, which may still be\n"+
 			"working and is not told until it next renews (within a third of its lease). Check first with\n"+
@@ -92,22 +97,22 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	out := &printer{w: stdout, json: inv.json, prefix: inv.prefix}
 	switch inv.cmd {
 	case "list":
-		return conn.explain(list(ctx, conn.locks, out))
+		return conn.explain(list(ctx, conn.locks, conn.orders, out))
 	case "show":
-		return conn.explain(show(ctx, conn.locks, key, inv.givenKey(), out))
+		return conn.explain(show(ctx, conn.locks, forms, inv.givenKey(), out, stderr))
 	case "release":
 		return conn.explain(release(ctx, conn.locks, key, inv.givenKey(), out, stderr))
 	case "rates":
 		return conn.explain(rates(ctx, conn.rates, out))
 	case "rate":
-		return conn.explain(rateShow(ctx, conn.rates, key, inv.givenKey(), out))
+		return conn.explain(rateShow(ctx, conn.rates, forms, inv.givenKey(), out, stderr))
 	case "pause":
 		return conn.explain(pause(ctx, conn.rates, inv, key, out, stderr))
 	case "order":
 		if inv.set["skip"] {
 			return conn.explain(orderSkip(ctx, conn.orders, key, inv.skip, out, stderr))
 		}
-		return conn.explain(orderShow(ctx, conn.orders, key, inv.givenKey(), out))
+		return conn.explain(orderShow(ctx, conn.orders, forms, inv.givenKey(), out, stderr))
 	default: // resume
 		return conn.explain(resume(ctx, conn.rates, key, inv.givenKey(), out, stderr))
 	}
@@ -132,7 +137,8 @@ Usage:
 
 Commands:
   list     every held lock under the prefix, sorted by key: holder (task ID
-           cut to 8 characters), held for, lease left, fence, waiters
+           cut to 8 characters; a task whose turn it is in its key's order by
+           its task type and place), held for, lease left, fence, waiters
   show     one lock in full, with its waiters in the order they are served
   release  free a lock whoever holds it (needs --force); it goes to the first
            waiter, if any. The holder is not told until it next renews, and its
@@ -140,8 +146,10 @@ Commands:
   rates    every rate-limited key under the prefix, sorted by key: its limit (one
            start every EVERY, up to BURST at once), starts that may begin now,
            time until the next start, until the burst is full again (reset),
-           pause left, starts remembered
-  rate     one rate-limited key in full
+           pause left, starts Redis remembers (those of the last 10 to 20 s
+           and those reserved ahead)
+  rate     one rate-limited key in full; a key Redis remembers nothing of is
+           idle (its next start free now), or not the key meant
   pause    let no start of a key begin for --for, on every worker; after it,
            starts come one at a time at the key's spacing. The limit is the one
            Redis remembers for the key unless --every and --burst give it (needed
@@ -157,12 +165,18 @@ Keys:
   KEY is the key the lock was taken on; for the middleware the JSON array of the
   task type and the On fields: '["payment:capture","c-42"]' (quote it). Such an
   array is read as the middleware writes it: spaces in it do not matter.
-  --task TYPE [VALUE...] builds that key as On does, values in On's order, each
-  JSON text: '"42"' is the string 42, 42 the number. A value that is not valid
-  JSON is a string: c-42 means "c-42". Put values that start with - after --.
-  When nobody holds the key, show and release list the keys held of the same
-  task type, with the --task form of each; rate and resume do the same for
-  rate-limited keys. A rate limit's key is named as the lock's is.
+  --task TYPE [VALUE...] builds that key as asynqmutex.Key does, values in On's
+  order, each JSON text: '"42"' is the string 42, 42 the number. A value that is
+  not JSON text, which Key refuses, is a string here: c-42 means "c-42". Put
+  values that start with - after --. A payload may hold 42 or "42", which are
+  different keys: show, rate and order look up a value typed without quotes that
+  JSON reads as a number, a boolean or null in both forms, show the one found,
+  and name the other ("Other form"); quoted, only the string is looked up.
+  When Redis has none of the forms, show, rate and order exit 1 and list the
+  keys of the same task type it has (held, limited, ordered), with the --task
+  form of each. release and resume act on the key built, in no other form, and
+  list the same when they find nothing to do. A rate limit's and an order's key
+  are named as the lock's is.
 
 Flags (before or after the command):
   -u, --uri ADDR         Redis host:port, or a redis://, rediss:// or unix:// URL
@@ -175,7 +189,7 @@ Flags (before or after the command):
       --tls              use TLS, verifying the certificate for the server's host
       --tls_server NAME  use TLS, verifying the certificate for NAME
       --insecure         use TLS without verifying the certificate
-      --prefix P         key prefix of the locks and rate limits
+      --prefix P         key prefix of the locks, rate limits and orders
                          (default "asynqmutex:")
       --json             print one JSON document: durations in ms, RFC 3339 times
       --force            release: take the lock from its holder
@@ -192,9 +206,11 @@ Environment:
   REDIS_URL  used without --uri and --cluster: redis://[user:pass@]host:port[/db],
              rediss:// for TLS. Flags given explicitly override it.
 
-Exit status: 0 success (show of a free key and rate of an unknown one
-included), 1 Redis unreachable or failing, or nothing to release, resume or skip,
-2 usage error.
+Exit status: 0 success, 1 Redis unreachable or failing, or the key not found
+(show: nobody holds it; rate: Redis remembers nothing of it; order: it has no
+order), or nothing to release, resume or skip, 2 usage error. With --json,
+show, rate, order, release and resume print their document also when they exit
+1 for the key.
 
 Examples:
   asynqmutex list

@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/order"
 )
 
 // printer writes a command's result as text for people or, with json, as one JSON
@@ -33,8 +34,9 @@ func (p *printer) encode(v any) error {
 	return enc.Encode(v)
 }
 
-// list prints every held lock, sorted by key.
-func list(ctx context.Context, locks *mutex.Client, p *printer) error {
+// list prints every held lock, sorted by key; a lock held by the task whose turn
+// it is in its key's order (InOrder) shows the task's place.
+func list(ctx context.Context, locks *mutex.Client, orders *order.Sequencer, p *printer) error {
 	var held []mutex.Info
 	for in, err := range locks.List(ctx) {
 		if err != nil {
@@ -45,10 +47,16 @@ func list(ctx context.Context, locks *mutex.Client, p *printer) error {
 	slices.SortFunc(held, func(a, b mutex.Info) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.RedisKey, b.RedisKey))
 	})
+	places, err := placesOf(ctx, orders, held)
+	if err != nil {
+		return err
+	}
 	if p.json {
 		doc := listJSON{Prefix: p.prefix, Locks: make([]lockJSON, 0, len(held))}
-		for _, in := range held {
-			doc.Locks = append(doc.Locks, p.lockJSON(in, false))
+		for i, in := range held {
+			j := p.lockJSON(in, false)
+			j.Place = places[i]
+			doc.Locks = append(doc.Locks, j)
 		}
 		return p.encode(doc)
 	}
@@ -58,29 +66,49 @@ func list(ctx context.Context, locks *mutex.Client, p *printer) error {
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHOLDER\tHELD FOR\tLEASE\tFENCE\tWAITING")
-	for _, in := range held {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderBrief(in), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
+	for i, in := range held {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderBrief(in, places[i]), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
 	}
 	return tw.Flush()
 }
 
-// show prints one lock in full. A key nobody holds is no error, but the keys held
-// near it are listed, so that a mistyped key is not read as a free one.
-func show(ctx context.Context, locks *mutex.Client, key, given string, p *printer) error {
-	in, err := locks.Inspect(ctx, key)
+// placesOf returns, for each lock of held, the place in its key's order of the task
+// that holds it, or 0: the key has no order, its turn is another task's, or the
+// holder recorded no task (one read of the key's order per such lock). A user
+// whose ACL rules leave out order's (docs/operating.md) is shown no places.
+func placesOf(ctx context.Context, orders *order.Sequencer, held []mutex.Info) ([]int64, error) {
+	places := make([]int64, len(held))
+	for i, in := range held {
+		if in.Holder.ID == "" || in.Digested || in.Foreign || in.Limit > 1 {
+			continue // InOrder takes plain locks, as HeldBy(task type, task ID)
+		}
+		st, err := orders.Inspect(ctx, in.Key)
+		if refusedByACL(err) {
+			return places, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if st.Waiting() > 0 && st.Holder.TaskID == in.Holder.ID {
+			places[i] = st.Next
+		}
+	}
+	return places, nil
+}
+
+// show prints one lock in full, of the first form of the key that is held (see
+// forms), and what the other forms hold. A key nobody holds is a failure, told on
+// stderr after the report: the keys held near it are listed, so that a mistyped key
+// is not read as a free one.
+func show(ctx context.Context, locks *mutex.Client, forms []form, given string, p *printer, stderr io.Writer) error {
+	all, shown, err := lookUp(forms, func(key string) (mutex.Info, bool, error) {
+		in, err := locks.Inspect(ctx, key)
+		return in, in.Held, err
+	})
 	if err != nil {
 		return err
 	}
-	if !in.Held && given != "" && given != key {
-		// A key of KeyBy's that only looks like the middleware's, held as typed.
-		asGiven, err := locks.Inspect(ctx, given)
-		if err != nil {
-			return err
-		}
-		if asGiven.Held {
-			in, key = asGiven, given
-		}
-	}
+	in, key := all[shown].v, all[shown].key
 	var near *nearby
 	if !in.Held {
 		if near, err = findNearby(ctx, locks, key); err != nil {
@@ -88,16 +116,24 @@ func show(ctx context.Context, locks *mutex.Client, key, given string, p *printe
 		}
 	}
 	if p.json {
-		return p.encode(showJSON{lockJSON: p.lockJSON(in, true), Nearby: near})
+		if err := p.encode(showJSON{lockJSON: p.lockJSON(in, true), OtherForms: othersJSON(all, shown), Nearby: near}); err != nil {
+			return err
+		}
+	} else if err := p.showText(in, all, shown, given, near); err != nil {
+		return err
 	}
+	if !in.Held {
+		return notFound(stderr, all, p.prefix, lockWords)
+	}
+	return nil
+}
+
+// showText is show's report for a person.
+func (p *printer) showText(in mutex.Info, all []found[mutex.Info], shown int, given string, near *nearby) error {
 	field := func(label, format string, args ...any) {
 		fmt.Fprintf(p.w, "%-13s"+format+"\n", append([]any{label}, args...)...)
 	}
-	if given != "" && given != key {
-		field("Key:", "%s (given as %s, read as the middleware writes it)", keyText(in), printable(given))
-	} else {
-		field("Key:", "%s", keyText(in))
-	}
+	field("Key:", "%s", keyLine(keyText(in), all[shown].form, given))
 	field("Redis key:", "%s", printable(in.RedisKey))
 	switch {
 	case in.Foreign:
@@ -133,6 +169,7 @@ func show(ctx context.Context, locks *mutex.Client, key, given string, p *printe
 			return err
 		}
 	}
+	writeOthers(p.w, all, shown, lockWords)
 	if near != nil {
 		near.write(p.w, p.prefix)
 	}
@@ -240,6 +277,9 @@ type lockJSON struct {
 	// held_for_ms then describe the newest holder, lease_left_ms the longest lease.
 	Limit   int        `json:"limit,omitempty"`
 	Holders []slotJSON `json:"holders,omitempty"`
+	// Place: list only, the holder's place in the key's order (InOrder), when its
+	// task is the one whose turn it is.
+	Place int64 `json:"place,omitempty"`
 }
 
 type slotJSON struct {
@@ -275,11 +315,13 @@ type releaseJSON struct {
 	Nearby *nearby `json:"nearby,omitempty"`
 }
 
-// showJSON is show's document: the lock and, when nobody holds it, the keys held
-// near it.
+// showJSON is show's document: the lock, the other forms of its key and, when
+// nobody holds it, the keys held near it.
 type showJSON struct {
 	lockJSON
-	Nearby *nearby `json:"nearby,omitempty"`
+	// OtherForms: the other keys the command line may mean (see forms).
+	OtherForms []otherFormJSON `json:"other_forms,omitempty"`
+	Nearby     *nearby         `json:"nearby,omitempty"`
 }
 
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
@@ -356,16 +398,21 @@ func holderText(in mutex.Info) string {
 // holderBrief is the holder as list shows it, to keep a line within a terminal's
 // width: without its task type when the key begins with it, the ID cut to its
 // first 8 characters, and the count of further holders of a key held with
-// Limit(n). show gives it whole.
-func holderBrief(in mutex.Info) string {
+// Limit(n). show gives it whole. The task at place (when not 0) in its key's order
+// is shown by its type and place instead: the IDs Producer gives its tasks begin
+// with the time, alike in their first characters.
+func holderBrief(in mutex.Info, place int64) string {
 	if in.Foreign {
 		return "unknown (set by hand?)"
 	}
 	h := in.Holder
-	if typ, _, ok := splitKey(in.Key); ok && typ == h.Name && h.ID != "" {
+	switch typ, _, ok := splitKey(in.Key); {
+	case place > 0:
+		h.ID = "place " + strconv.FormatInt(place, 10)
+	case ok && typ == h.Name && h.ID != "":
 		h.Name = ""
 	}
-	if cut := 8; len(h.ID) > cut+1 {
+	if cut := 8; place == 0 && len(h.ID) > cut+1 {
 		for cut > 0 && !utf8.RuneStart(h.ID[cut]) {
 			cut--
 		}
@@ -426,6 +473,9 @@ func human(d time.Duration) string {
 		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 	}
 	d = d.Round(time.Hour)
+	if d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
 }
 

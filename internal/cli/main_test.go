@@ -19,6 +19,7 @@ import (
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
+	"github.com/asynqmutex/asynqmutex/order"
 	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
@@ -292,14 +293,14 @@ func TestListAndShow(t *testing.T) {
 	})
 
 	t.Run("show not held", func(t *testing.T) {
-		r := mustRun(t, "show", "--task", "payment:capture", "42", uri) // the number, not "42"
-		if !strings.Contains(r.stdout, "not held") {
-			t.Errorf("show of a free key:\n%s\nwant it to say not held", r)
+		r := cli(t, nil, "show", "--task", "payment:capture", "42", uri) // neither 42 nor "42" is held
+		if r.code != exitFailure || !strings.Contains(r.stdout, "not held") || !strings.Contains(r.stderr, "not held: nobody holds ") {
+			t.Errorf("show of a free key: %v\nwant exit 1, and not held said on stdout and stderr", r)
 		}
-		r = mustRun(t, "show", "--json", `["nobody"]`, uri)
+		r = cli(t, nil, "show", "--json", `["nobody"]`, uri)
 		var got lockJSON
-		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.Held || got.Holder != nil {
-			t.Errorf("show --json of a free key = %+v, %v, want held false and no holder", got, err)
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != exitFailure || got.Held || got.Holder != nil {
+			t.Errorf("show --json of a free key = %+v, %v (%v), want exit 1, held false and no holder", got, err, r)
 		}
 	})
 }
@@ -518,7 +519,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"list", "--task", "t", uri}, 2, "--task goes with show and release"},
 		{[]string{"show", "--force", "k", uri}, 2, "--force goes with release only"},
 		{[]string{"show", "--task", "", uri}, 2, "--task needs a task type"},
-		{[]string{"show", "--task", "t", "[1]", uri}, 2, "value 1"},
+		{[]string{"show", "--task", "t", "[1]", uri}, 2, `--task value 1 is an array; On takes strings, numbers, booleans and null; to give the text "[1]" as a string, type it in double quotes: '"[1]"'`},
 		{[]string{"release", `["k"]`, uri}, 2, "release needs --force"},
 		{[]string{"list", "--no-such-flag"}, 2, "not defined: --no-such-flag"},
 		{[]string{"list", "--db"}, 2, "needs an argument: --db"},
@@ -599,6 +600,7 @@ func TestHuman(t *testing.T) {
 		{3*time.Hour + 5*time.Minute + 20*time.Second, "3h5m"},
 		{2*time.Hour + 10*time.Second, "2h0m"},
 		{50*time.Hour + 40*time.Minute, "2d3h"},
+		{24 * time.Hour, "1d"},
 	}
 	for _, tt := range tests {
 		if got := human(tt.d); got != tt.want {
@@ -698,6 +700,20 @@ func TestCluster(t *testing.T) {
 	r = mustRun(t, append([]string{"pause", "--for", "1m", rateKeys[3]}, cluster...)...)
 	if st, err := rl.Inspect(ctx, rateKeys[3]); err != nil || st.Paused < 59*time.Second || !strings.Contains(r.stdout, "Paused") {
 		t.Errorf("pause on the cluster: %s; then %+v, %v; want paused a minute", r.stdout, st, err)
+	}
+
+	// Ordered keys too, for the keys near one without an order.
+	seq := order.New(cc)
+	for i := range 8 {
+		if _, err := seq.Take(ctx, taskKeyOf(t, "transfer", strconv.Quote("a-"+strconv.Itoa(i))), "q", "t-"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = cli(t, nil, append([]string{"order", "--json", "--task", "transfer", "b-1"}, cluster...)...)
+	var odoc orderJSON
+	if err := json.Unmarshal([]byte(r.stdout), &odoc); err != nil || r.code != exitFailure || odoc.Nearby == nil ||
+		len(odoc.Nearby.Keys) != 8 || odoc.Nearby.Ordered != 8 {
+		t.Errorf("order of a key without one on the cluster: %v (%v)\nwant exit 1 and the 8 ordered keys nearby", r, err)
 	}
 
 	// --cluster against a single node.

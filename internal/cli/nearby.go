@@ -111,15 +111,23 @@ func nearKeys(key string, all iter.Seq2[keyOf, error]) (*nearby, error) {
 	return n, nil
 }
 
-// nearWords are the words a near miss is told in: of held locks, or of limited keys.
+// nearWords are the words a near miss is told in: of held locks, of limited keys,
+// or of ordered keys.
 type nearWords struct {
 	held, Held string // "held", or "limited"
-	list, show string // the commands that list every key and show one
+	list, show string // the commands that list every key ("" for none) and show one
+	// found and notFound say what Redis has of one form of a key; none, of keys
+	// (%s), that it has nothing.
+	found, notFound, none string
 }
 
 var (
-	lockWords = nearWords{held: "held", Held: "Held", list: "list", show: "show"}
-	rateWords = nearWords{held: "limited", Held: "Limited", list: "rates", show: "rate"}
+	lockWords = nearWords{held: "held", Held: "Held", list: "list", show: "show",
+		found: "held", notFound: "not held", none: "not held: nobody holds %s"}
+	rateWords = nearWords{held: "limited", Held: "Limited", list: "rates", show: "rate",
+		found: "remembered", notFound: "nothing remembered", none: "not found: Redis remembers no start and no pause of %s"}
+	orderWords = nearWords{held: "ordered", Held: "Ordered", show: "order",
+		found: "ordered", notFound: "not ordered", none: "not found: no order is kept for %s"}
 )
 
 // write says what is held near the key, for a person.
@@ -132,9 +140,9 @@ func (n *nearby) writeAs(w io.Writer, prefix string, words nearWords) {
 		fmt.Fprintf(w, "No key at all is %s under prefix %s.\n", words.held, strconv.Quote(prefix))
 		return
 	case len(n.Keys) == 0:
-		fmt.Fprintf(w, "No key of task type %s is %s; %d other %s %s under prefix %s: run 'asynqmutex %s'.\n",
+		fmt.Fprintf(w, "No key of task type %s is %s; %d other %s %s under prefix %s%s.\n",
 			printable(strconv.Quote(n.TaskType)), words.held, n.Held, plural(n.Held, "key is", "keys are"), words.held,
-			strconv.Quote(prefix), words.list)
+			strconv.Quote(prefix), words.run(": "))
 		return
 	}
 	fmt.Fprintf(w, "%s nearby: %d %s of task type %s (of %d %s under prefix %s); is one of them meant?\n",
@@ -144,8 +152,17 @@ func (n *nearby) writeAs(w io.Writer, prefix string, words nearWords) {
 		fmt.Fprintf(w, "  %s    asynqmutex %s %s\n", printable(k), words.show, taskArgs(k))
 	}
 	if n.More > 0 {
-		fmt.Fprintf(w, "  … and %d more: run 'asynqmutex %s'\n", n.More, words.list)
+		fmt.Fprintf(w, "  … and %d more%s\n", n.More, words.run(": "))
 	}
+}
+
+// run is the advice to run the command that lists every key, after sep, or "" when
+// there is none.
+func (words nearWords) run(sep string) string {
+	if words.list == "" {
+		return ""
+	}
+	return sep + "run 'asynqmutex " + words.list + "'"
 }
 
 func plural(n int, one, many string) string {

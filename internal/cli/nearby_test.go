@@ -39,9 +39,9 @@ func TestNearMiss(t *testing.T) {
 		{"show", `["count:num","42"]`},
 		{"show", "count:num"}, // the task type alone, as a key
 	} {
-		r := mustRun(t, append(args, uri)...)
-		if !strings.Contains(r.stdout, "not held") {
-			t.Errorf("asynqmutex %s:\n%s\nwant not held", strings.Join(args, " "), r.stdout)
+		r := cli(t, nil, append(args, uri)...)
+		if r.code != exitFailure || !strings.Contains(r.stdout, "not held") {
+			t.Errorf("asynqmutex %s: %v\nwant exit 1 and not held", strings.Join(args, " "), r)
 		}
 		for _, want := range nearMiss {
 			if !strings.Contains(r.stdout, want) {
@@ -68,14 +68,14 @@ func TestNearMiss(t *testing.T) {
 		t.Fatalf("after the near misses %s held = %v (%v), want still held", held, in.Held, err)
 	}
 
-	r = mustRun(t, "show", "--json", uri, "--task", "count:num", "43")
+	r = cli(t, nil, "show", "--json", uri, "--task", "count:num", "43")
 	var doc showJSON
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || doc.Held || doc.Nearby == nil ||
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || r.code != exitFailure || doc.Held || doc.Nearby == nil ||
 		doc.Nearby.TaskType != "count:num" || len(doc.Nearby.Keys) != 1 || doc.Nearby.Keys[0] != held || doc.Nearby.Held != 2 {
 		t.Errorf("show --json of a near miss = %s (%v), want nearby holding %s of 2 held", r.stdout, err, held)
 	}
 
-	r = mustRun(t, "show", uri, `["nobody:here"]`)
+	r = cli(t, nil, "show", uri, `["nobody:here"]`)
 	if !strings.Contains(r.stdout, `No key of task type "nobody:here" is held; 2 other keys are held`) {
 		t.Errorf("show of a task type nobody holds:\n%s\nwant the count of held keys", r.stdout)
 	}

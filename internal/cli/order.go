@@ -23,6 +23,10 @@ type orderJSON struct {
 	Waiting  int64            `json:"waiting"` // places taken and not finished
 	Skipped  int64            `json:"skipped"`
 	Holder   *orderHolderJSON `json:"holder,omitempty"`
+	// OtherForms: see showJSON. Nearby: when the key has no order, the ordered keys
+	// near it.
+	OtherForms []otherFormJSON `json:"other_forms,omitempty"`
+	Nearby     *orderNearby    `json:"nearby,omitempty"`
 }
 
 type orderHolderJSON struct {
@@ -32,33 +36,65 @@ type orderHolderJSON struct {
 	Abandoned bool   `json:"abandoned,omitempty"`
 }
 
-// orderShow prints key's order: its next place and the task that holds it.
-func orderShow(ctx context.Context, seq *order.Sequencer, key, given string, p *printer) error {
-	st, err := seq.Inspect(ctx, key)
+// orderNearby is nearby for ordered keys: the count is of ordered keys.
+type orderNearby struct {
+	TaskType string   `json:"task_type"`
+	Keys     []string `json:"keys"`
+	More     int      `json:"more"`
+	Ordered  int      `json:"ordered"` // every ordered key under the prefix
+}
+
+// orderShow prints key's order, of the first form of the key that has one (see
+// forms): its next place and the task that holds it. A key without an order is a
+// failure, told on stderr after the report, with the ordered keys near it listed,
+// as show does for locks.
+func orderShow(ctx context.Context, seq *order.Sequencer, forms []form, given string, p *printer, stderr io.Writer) error {
+	all, shown, err := lookUp(forms, func(key string) (order.State, bool, error) {
+		st, err := seq.Inspect(ctx, key)
+		return st, st.Epoch != "", err
+	})
 	if err != nil {
 		return err
 	}
+	st, key := all[shown].v, all[shown].key
+	var near *nearby
+	if st.Epoch == "" {
+		if near, err = findOrderNearby(ctx, seq, key); err != nil {
+			return err
+		}
+	}
 	if p.json {
 		doc := orderJSON{Key: key, RedisKey: st.RedisKey, Ordered: st.Epoch != "", Epoch: st.Epoch,
-			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped}
+			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped, OtherForms: othersJSON(all, shown)}
 		if st.Waiting() > 0 && st.Holder.TaskID != "" {
 			doc.Holder = &orderHolderJSON{TaskID: st.Holder.TaskID, Queue: st.Holder.Queue,
 				AgeMS: st.Holder.Age.Milliseconds(), Abandoned: st.Holder.Abandoned}
 		}
-		return p.encode(doc)
+		if near != nil {
+			doc.Nearby = &orderNearby{TaskType: near.TaskType, Keys: near.Keys, More: near.More, Ordered: near.Held}
+		}
+		err = p.encode(doc)
+	} else {
+		p.orderText(st, all, shown, given, near)
 	}
+	if err == nil && st.Epoch == "" {
+		err = notFound(stderr, all, p.prefix, orderWords)
+	}
+	return err
+}
+
+// orderText is order's report for a person.
+func (p *printer) orderText(st order.State, all []found[order.State], shown int, given string, near *nearby) {
 	field := func(label, format string, args ...any) {
 		fmt.Fprintf(p.w, "%-13s"+format+"\n", append([]any{label}, args...)...)
 	}
-	if given != "" && given != key {
-		field("Key:", "%s (given as %s, read as the middleware writes it)", printable(key), printable(given))
-	} else {
-		field("Key:", "%s", printable(key))
-	}
+	field("Key:", "%s", keyLine(printable(all[shown].key), all[shown].form, given))
 	if st.Epoch == "" {
 		field("State:", "not ordered: no task of this key took a place under prefix %s (or its order was idle for %s and forgotten)",
 			strconv.Quote(p.prefix), human(order.IdleKeep))
-		return nil
+		writeOthers(p.w, all, shown, orderWords)
+		near.writeAs(p.w, p.prefix, orderWords)
+		return
 	}
 	switch w := st.Waiting(); {
 	case w == 0:
@@ -76,9 +112,21 @@ func orderShow(ctx context.Context, seq *order.Sequencer, key, given string, p *
 			field("Waits for:", "task %s in queue %s, which took its place %s ago", printable(h.TaskID), printable(h.Queue), human(h.Age))
 		}
 	}
-	field("Skipped:", "%d %s moved past without their task finishing", st.Skipped, plural(int(st.Skipped), "place", "places"))
+	field("Skipped:", "%d %s moved past without %s finishing", st.Skipped, plural(int(st.Skipped), "place", "places"),
+		plural(int(st.Skipped), "its task", "their tasks"))
 	field("Redis key:", "%s", printable(st.RedisKey))
-	return nil
+	writeOthers(p.w, all, shown, orderWords)
+}
+
+// findOrderNearby lists the ordered keys near key (see nearby), with one SCAN.
+func findOrderNearby(ctx context.Context, seq *order.Sequencer, key string) (*nearby, error) {
+	return nearKeys(key, func(yield func(keyOf, error) bool) {
+		for st, err := range seq.List(ctx) {
+			if !yield(keyOf{st.Key, st.Digested}, err) {
+				return
+			}
+		}
+	})
 }
 
 // orderSkip moves key past its next place if that is place n: as the workers do for

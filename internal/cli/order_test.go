@@ -32,7 +32,7 @@ func TestOrder(t *testing.T) {
 	for _, want := range []string{
 		"Next place:  2 of 3 taken: 2 places not finished",
 		`Waits for:   task t-2 in queue transfers, which took its place`,
-		"Skipped:     1 place moved past without their task finishing",
+		"Skipped:     1 place moved past without its task finishing\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("order's output lacks %q:\n%s", want, r.stdout)
@@ -49,9 +49,29 @@ func TestOrder(t *testing.T) {
 		t.Errorf("order --json = %+v (holder %+v)", doc, doc.Holder)
 	}
 
-	r = mustRun(t, "order", "--task", "transfer", "acct-8", uri)
-	if !strings.Contains(r.stdout, "not ordered") {
-		t.Errorf("order of a key without one:\n%s", r.stdout)
+	// A key without an order: exit 1, and the ordered keys of its task type.
+	r = cli(t, nil, "order", "--task", "transfer", "acct-8", uri)
+	if r.code != exitFailure || !strings.Contains(r.stdout, "not ordered") ||
+		!strings.Contains(r.stderr, `not found: no order is kept for ["transfer","acct-8"] under prefix "asynqmutex:"`) {
+		t.Errorf("order of a key without one: %v\nwant exit 1 and not ordered", r)
+	}
+	for _, want := range []string{
+		`Ordered nearby: 1 key of task type "transfer" (of 1 ordered under prefix "asynqmutex:"); is one of them meant?`,
+		"  " + key + "    asynqmutex order --task transfer acct-7\n",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("order of a near miss:\n%s\nwant it to contain %q", r.stdout, want)
+		}
+	}
+	r = cli(t, nil, "order", "--json", `["nobody:here"]`, uri)
+	var miss orderJSON
+	if err := json.Unmarshal([]byte(r.stdout), &miss); err != nil || r.code != exitFailure || miss.Ordered || miss.Nearby == nil ||
+		miss.Nearby.TaskType != "nobody:here" || len(miss.Nearby.Keys) != 0 || miss.Nearby.Ordered != 1 {
+		t.Errorf("order --json of a key of no ordered type: %v (%v)\nwant exit 1, nearby with no keys, of 1 ordered", r, err)
+	}
+	if r := cli(t, nil, "order", `["nobody:here"]`, uri); !strings.Contains(r.stdout,
+		`No key of task type "nobody:here" is ordered; 1 other key is ordered under prefix "asynqmutex:".`+"\n") {
+		t.Errorf("order of a task type nobody orders:\n%s\nwant the count of ordered keys", r.stdout)
 	}
 
 	// --skip moves the key past its next place, and only past the one named.
@@ -67,5 +87,69 @@ func TestOrder(t *testing.T) {
 	}
 	if r := cli(t, nil, "list", "--skip", "2", uri); r.code != exitUsage {
 		t.Errorf("list --skip: %v", r)
+	}
+}
+
+// TestListPlaces: list shows a lock held by the task whose turn it is in its key's
+// order by its task type and place, not by its ID, which Producer begins with the
+// time; a lock held by another task keeps its ID. An operator whose ACL rules leave
+// out order's (docs/operating.md) sees the IDs.
+func TestListPlaces(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	locks, seq := newLocks(t, admin), order.New(admin)
+	// IDs as Producer makes them: alike in their first 16 characters.
+	const id1, id2, id3 = "00064a1b2c3d4e5f-0102030405060708", "00064a1b2c3d4e60-1112131415161718", "00064a1b2c3d4e61-2122232425262728"
+	a, b := taskKeyOf(t, "transfer", `"acct-1"`), taskKeyOf(t, "transfer", `"acct-2"`)
+	if _, err := seq.Take(ctxT(t), a, "transfers", id1); err != nil {
+		t.Fatal(err)
+	}
+	first, err := seq.Take(ctxT(t), b, "transfers", id2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seq.Take(ctxT(t), b, "transfers", id3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seq.Finish(ctxT(t), b, first, order.Done); err != nil {
+		t.Fatal(err)
+	}
+	lock(t, locks, a, "transfer", id1)
+	lock(t, locks, b, "transfer", id3)
+	other := taskKeyOf(t, "transfer", `"acct-3"`) // a task without a place
+	lock(t, locks, other, "transfer", id2)
+
+	r := mustRun(t, "list", "--uri="+s.Addr())
+	t.Logf("asynqmutex list:\n%s", r.stdout)
+	for _, want := range []string{
+		a + "  " + holderLine(t, "transfer", "place 1") + "  ",
+		b + "  " + holderLine(t, "transfer", "place 2") + "  ",
+		other + "  " + holderLine(t, "", id2[:8]+"…") + "  ",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("list:\n%s\nwant it to contain %q", r.stdout, want)
+		}
+	}
+	r = mustRun(t, "list", "--json", "--uri="+s.Addr())
+	var doc listJSON
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || len(doc.Locks) != 3 ||
+		doc.Locks[0].Place != 1 || doc.Locks[1].Place != 2 || doc.Locks[2].Place != 0 || doc.Locks[1].Holder.ID != id3 {
+		t.Errorf("list --json = %s (%v)\nwant places 1, 2 and none, the IDs whole", r.stdout, err)
+	}
+
+	acl := redistest.ReadDocACL(t, "../../docs/operating.md")
+	for _, tt := range []struct {
+		user, rules, want string
+	}{
+		{"operator", acl.Worker + " " + acl.Functions + " " + acl.Operator, holderLine(t, "", id1[:8]+"…")},
+		// The control: the same user with order's rules sees the place.
+		{"orderop", acl.Worker + " " + acl.Functions + " " + acl.Operator + " +hget +hmget", holderLine(t, "transfer", "place 1")},
+	} {
+		s.User(t, admin, tt.user, tt.rules)
+		env := map[string]string{"REDIS_URL": "redis://" + tt.user + ":" + tt.user + "-secret@" + s.Addr()}
+		if r := cli(t, env, "list"); r.code != 0 || !strings.Contains(r.stdout, a+"  "+tt.want+"  ") {
+			t.Errorf("list as %s: %v\nwant %s held by %s", tt.user, r, a, tt.want)
+		}
 	}
 }

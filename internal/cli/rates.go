@@ -59,13 +59,19 @@ func rates(ctx context.Context, rl *ratelimit.Limiter, p *printer) error {
 	return tw.Flush()
 }
 
-// rateShow prints one key's state. A key Redis remembers nothing of is no error,
-// but the limited keys near it are listed, as show does for locks.
-func rateShow(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *printer) error {
-	st, key, err := inspectRate(ctx, rl, key, given)
+// rateShow prints one key's state, of the first form of the key Redis remembers
+// (see forms), and what it remembers of the other forms. A key Redis remembers
+// nothing of is idle, or not the key meant: a failure, told on stderr after the
+// report, with the limited keys near it listed, as show does for locks.
+func rateShow(ctx context.Context, rl *ratelimit.Limiter, forms []form, given string, p *printer, stderr io.Writer) error {
+	all, shown, err := lookUp(forms, func(key string) (ratelimit.State, bool, error) {
+		st, err := rl.Inspect(ctx, key)
+		return st, remembered(st), err
+	})
 	if err != nil {
 		return err
 	}
+	st, key := all[shown].v, all[shown].key
 	var near *nearby
 	if !remembered(st) {
 		if near, err = findRateNearby(ctx, rl, key); err != nil {
@@ -73,20 +79,28 @@ func rateShow(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *
 		}
 	}
 	if p.json {
-		return p.encode(rateShowJSON{rateJSON: rateJSONOf(st), Nearby: rateNearbyOf(near)})
+		err = p.encode(rateShowJSON{rateJSON: rateJSONOf(st), OtherForms: othersJSON(all, shown), Nearby: rateNearbyOf(near)})
+	} else {
+		p.rateText(st, all, shown, given, near)
 	}
+	if err == nil && !remembered(st) {
+		err = notFound(stderr, all, p.prefix, rateWords)
+	}
+	return err
+}
+
+// rateText is rate's report for a person.
+func (p *printer) rateText(st ratelimit.State, all []found[ratelimit.State], shown int, given string, near *nearby) {
 	field := func(label, format string, args ...any) {
 		fmt.Fprintf(p.w, "%-13s"+format+"\n", append([]any{label}, args...)...)
 	}
-	if given != "" && given != key {
-		field("Key:", "%s (given as %s, read as the middleware writes it)", printable(key), printable(given))
-	} else {
-		field("Key:", "%s", printable(key))
-	}
+	key := all[shown].key
+	field("Key:", "%s", keyLine(printable(key), all[shown].form, given))
 	if !remembered(st) {
-		field("State:", "not limited: Redis remembers no start and no pause of this key under prefix %s", strconv.Quote(p.prefix))
+		field("State:", "idle: next start free now; Redis remembers no start and no pause of this key under prefix %s", strconv.Quote(p.prefix))
+		writeOthers(p.w, all, shown, rateWords)
 		near.writeAs(p.w, p.prefix, rateWords)
-		return nil
+		return
 	}
 	if st.Interval > 0 {
 		field("Limit:", "one start every %s, burst %d (the limit of its latest start)", everyText(st.Interval), st.Burst)
@@ -98,18 +112,26 @@ func rateShow(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *
 	switch {
 	case st.Interval == 0:
 	case st.Full > 0:
-		field("Reset in:", "%s (then all %d %s free again)", until(st.Full), st.Burst, plural(st.Burst, "start is", "starts are"))
+		field("Reset in:", "%s (then %s free again)", until(st.Full), burstText(st.Burst))
 	default:
-		field("Reset in:", "now (all %d %s free)", st.Burst, plural(st.Burst, "start is", "starts are"))
+		field("Reset in:", "now (%s free)", burstText(st.Burst))
 	}
 	if st.Paused > 0 {
 		field("Paused:", "%s left; 'asynqmutex resume %s' ends it", human(st.Paused), taskArgs(key))
 	} else {
 		field("Paused:", "no")
 	}
-	field("Starts:", "%d remembered (those of the last 10 to 20 s, and those reserved ahead)", st.Starts)
+	field("Remembered:", "%d %s: those begun in the last 10 to 20 s, and those reserved ahead", st.Starts, plural(st.Starts, "start", "starts"))
 	field("Redis key:", "%s", printable(st.RedisKey))
-	return nil
+	writeOthers(p.w, all, shown, rateWords)
+}
+
+// burstText says which starts of a burst of n are meant: its one, or all n.
+func burstText(n int) string {
+	if n == 1 {
+		return "its one start is"
+	}
+	return fmt.Sprintf("all %d starts are", n)
 }
 
 // pause holds every start of key back for --for, under the limit --every and
@@ -291,11 +313,12 @@ func rateJSONOf(st ratelimit.State) rateJSON {
 	}
 }
 
-// rateShowJSON is rate's document: the key's state and, when Redis remembers
-// nothing of it, the limited keys near it.
+// rateShowJSON is rate's document: the key's state, the other forms of the key
+// and, when Redis remembers nothing of it, the limited keys near it.
 type rateShowJSON struct {
 	rateJSON
-	Nearby *rateNearby `json:"nearby,omitempty"`
+	OtherForms []otherFormJSON `json:"other_forms,omitempty"` // see showJSON
+	Nearby     *rateNearby     `json:"nearby,omitempty"`
 }
 
 type pauseJSON struct {

@@ -159,7 +159,7 @@ func TestRateShow(t *testing.T) {
 		"Reset in:    ",
 		"(then all 5 starts are free again)\n",
 		"Paused:      no\n",
-		"Starts:      3 remembered",
+		"Remembered:  3 starts: those begun in the last 10 to 20 s, and those reserved ahead\n",
 		"Redis key:   asynqmutex:rate:{" + f.pay + "}\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
@@ -180,8 +180,13 @@ func TestRateShow(t *testing.T) {
 	}
 	// A space inside the array finds the key, as show does for locks.
 	r = mustRun(t, "rate", f.uri, `["payment:capture", "c-42"]`)
-	if !strings.Contains(r.stdout, `given as ["payment:capture", "c-42"]`) || !strings.Contains(r.stdout, "Starts:      3") {
+	if !strings.Contains(r.stdout, `given as ["payment:capture", "c-42"]`) || !strings.Contains(r.stdout, "Remembered:  3 starts") {
 		t.Errorf("rate with a space in the key:\n%s\nwant the key read as the middleware writes it", r.stdout)
+	}
+	// A burst of one is its one start, not "all 1 start".
+	if r := mustRun(t, "rate", f.uri, f.long); !strings.Contains(r.stdout, "(then its one start is free again)\n") ||
+		!strings.Contains(r.stdout, "Remembered:  1 start: ") {
+		t.Errorf("rate of a key with a burst of 1:\n%s\nwant its one start free again, 1 start remembered", r.stdout)
 	}
 	r = mustRun(t, "rate", f.uri, "--json", f.long)
 	var long rateShowJSON
@@ -190,10 +195,14 @@ func TestRateShow(t *testing.T) {
 		t.Errorf("rate --json of the long key = %s (%v); want the whole key, 1 start, no nearby", r.stdout, err)
 	}
 
-	// A near miss: the string "c-43" where "c-42" is limited.
-	r = mustRun(t, "rate", f.uri, "--task", "payment:capture", "c-43")
+	// A near miss: the string "c-43" where "c-42" is limited. Redis remembers
+	// nothing of it: idle, if it is limited at all, and exit status 1.
+	r = cli(t, nil, "rate", f.uri, "--task", "payment:capture", "c-43")
+	if r.code != exitFailure || !strings.Contains(r.stderr, `not found: Redis remembers no start and no pause of ["payment:capture","c-43"]`) {
+		t.Errorf("rate of a near miss: %v\nwant exit 1 and not found", r)
+	}
 	for _, want := range []string{
-		"State:       not limited: Redis remembers no start and no pause of this key under prefix \"asynqmutex:\"\n",
+		"State:       idle: next start free now; Redis remembers no start and no pause of this key under prefix \"asynqmutex:\"\n",
 		`Limited nearby: 1 key of task type "payment:capture" (of 4 limited under prefix "asynqmutex:"); is one of them meant?`,
 		"  " + f.pay + "    asynqmutex rate --task payment:capture c-42\n",
 	} {
@@ -201,16 +210,16 @@ func TestRateShow(t *testing.T) {
 			t.Errorf("rate of a near miss:\n%s\nwant it to contain %q", r.stdout, want)
 		}
 	}
-	r = mustRun(t, "rate", f.uri, "--json", `["nobody:here"]`)
+	r = cli(t, nil, "rate", f.uri, "--json", `["nobody:here"]`)
 	var doc rateShowJSON
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || doc.Starts != 0 || doc.Nearby == nil ||
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || r.code != exitFailure || doc.Starts != 0 || doc.Nearby == nil ||
 		doc.Nearby.TaskType != "nobody:here" || len(doc.Nearby.Keys) != 0 || doc.Nearby.Limited != 4 {
 		t.Errorf("rate --json of a key of no limited type = %s (%v); want nearby with no keys, of 4 limited", r.stdout, err)
 	}
 	if !strings.Contains(r.stdout, `"limited": 4`) {
 		t.Errorf("rate --json's nearby counts limited keys as \"limited\":\n%s", r.stdout)
 	}
-	r = mustRun(t, "rate", f.uri, `["nobody:here"]`)
+	r = cli(t, nil, "rate", f.uri, `["nobody:here"]`)
 	if !strings.Contains(r.stdout, `No key of task type "nobody:here" is limited; 4 other keys are limited under prefix "asynqmutex:": run 'asynqmutex rates'.`) {
 		t.Errorf("rate of a task type nobody limits:\n%s\nwant the count of limited keys", r.stdout)
 	}

@@ -204,6 +204,16 @@ func (c *conn) explain(err error) error {
 	return err
 }
 
+// refusedByACL reports whether err is Redis refusing the user a command: NOPERM,
+// or "can't run this command" from a script or function.
+func refusedByACL(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	return strings.Contains(re.Error(), "NOPERM") || strings.Contains(re.Error(), "can't run this command")
+}
+
 // notRedis reports whether err is go-redis failing to read a reply: the server
 // answered, but not in Redis's protocol (an HTTP server, say).
 func notRedis(err error) bool {

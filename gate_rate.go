@@ -36,7 +36,7 @@ import (
 // [1ms, ratelimit.MaxPer], or if per/n is below a microsecond; Middleware panics if
 // Rate (or RateBy) is given with OnEach or KeysBy, or both are given.
 func Rate(n int, per time.Duration) Option {
-	lim := ratelimit.Limit{N: n, Per: per}
+	lim := ratelimit.Rate{N: n, Per: per}
 	if err := lim.Validate(); err != nil {
 		panic("asynqmutex.Rate: " + err.Error())
 	}
@@ -58,17 +58,17 @@ func Burst(b int) Option {
 }
 
 // RateBy is Rate with a limit per task, for keys whose limits differ (a tenant's
-// plan): fn returns the limit of the task's key, or the zero Limit for no limit. It
+// plan): fn returns the limit of the task's key, or the zero Rate for no limit. It
 // runs on the worker before each task takes its start, so it should be quick (cache
 // what it looks up) and must be safe for concurrent use; tasks of one key should get
 // one limit, and a new limit applies from the next start. An error from fn, or an
 // invalid limit, fails the task with an ordinary, retryable error naming it, before
 // the handler runs. Otherwise RateBy behaves as Rate. RateBy panics if fn is nil.
-func RateBy(fn func(ctx context.Context, t *asynq.Task) (ratelimit.Limit, error)) Option {
+func RateBy(fn func(ctx context.Context, t *asynq.Task) (ratelimit.Rate, error)) Option {
 	if fn == nil {
 		panic("asynqmutex.RateBy: nil function")
 	}
-	return optionFunc(func(c *config) { c.setRate("RateBy", ratelimit.Limit{}, fn) })
+	return optionFunc(func(c *config) { c.setRate("RateBy", ratelimit.Rate{}, fn) })
 }
 
 // NoLock makes the middleware take no lock: tasks of a key run at once, as many as
@@ -78,7 +78,7 @@ func NoLock() Option {
 	return once("NoLock", "NoLock()", func(c *config) { c.noLock = true })
 }
 
-func (c *config) setRate(by string, lim ratelimit.Limit, fn func(context.Context, *asynq.Task) (ratelimit.Limit, error)) {
+func (c *config) setRate(by string, lim ratelimit.Rate, fn func(context.Context, *asynq.Task) (ratelimit.Rate, error)) {
 	if c.rateBy != "" {
 		panic("asynqmutex.Middleware: " + c.rateBy + " and " + by + " both given; give one")
 	}
@@ -100,18 +100,18 @@ func (c *config) checkRate() {
 	c.rate.Burst = c.burst
 }
 
-// limitOf is the rate limit of task t: Rate's, or RateBy's answer; the zero Limit
+// limitOf is the rate limit of task t: Rate's, or RateBy's answer; the zero Rate
 // for none.
-func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (ratelimit.Limit, error) {
+func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (ratelimit.Rate, error) {
 	if m.rateFunc == nil {
 		return m.rate, nil
 	}
 	lim, err := m.rateFunc(ctx, t)
-	if err == nil && lim != (ratelimit.Limit{}) {
+	if err == nil && lim != (ratelimit.Rate{}) {
 		err = lim.Validate()
 	}
 	if err != nil {
-		return ratelimit.Limit{}, fmt.Errorf("asynqmutex: task %s%s: RateBy: %s", shortkey.Quote(t.Type()), idSuffix(id), oneLine(err))
+		return ratelimit.Rate{}, fmt.Errorf("asynqmutex: task %s%s: RateBy: %s", shortkey.Quote(t.Type()), idSuffix(id), oneLine(err))
 	}
 	return lim, nil
 }
@@ -127,7 +127,7 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 		return &wrapError{msg: oneLine(err), err: err}
 	}
 	tk.lim = lim
-	if lim == (ratelimit.Limit{}) {
+	if lim == (ratelimit.Rate{}) {
 		return next(ctx)
 	}
 	r, err := m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
@@ -152,6 +152,6 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 // limited is why a task did not start under its rate limit: its next start comes
 // in delay (paused: held back by a pause that long).
 type limited struct {
-	lim           ratelimit.Limit
+	lim           ratelimit.Rate
 	delay, paused time.Duration
 }

@@ -147,8 +147,8 @@ type task struct {
 	pastCap  *conflicts.Record // past a reschedule cap with no retry left: a conflict fails
 	wait     time.Duration     // how long, from start, it may wait for its key in all
 
-	place *placed         // its place in its key's order, once its turn came (InOrder)
-	lim   ratelimit.Limit // its rate limit; zero for none
+	place *placed        // its place in its key's order, once its turn came (InOrder)
+	lim   ratelimit.Rate // its rate limit; zero for none
 
 	ran       bool  // its handler ran
 	result    error // what its handler returned

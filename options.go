@@ -73,9 +73,9 @@ type config struct {
 	types   map[string]bool // For's task types; nil: every task
 	forCall string          // For as called, to name it when refusing a second
 
-	rateBy   string          // the option that set a rate limit: Rate, RateBy; "" for none
-	rate     ratelimit.Limit // Rate's limit, with Burst's burst
-	rateFunc func(context.Context, *asynq.Task) (ratelimit.Limit, error)
+	rateBy   string         // the option that set a rate limit: Rate, RateBy; "" for none
+	rate     ratelimit.Rate // Rate's limit, with Burst's burst
+	rateFunc func(context.Context, *asynq.Task) (ratelimit.Rate, error)
 	burst    int  // Burst; 0 when not given
 	noLock   bool // NoLock: no lock, only the rate gate
 

@@ -126,7 +126,7 @@ func (e *PauseError) Unwrap() error { return e.Err }
 func (m *middleware) paused(ctx context.Context, tk *task, pe *PauseError) error {
 	d := max(pe.For, time.Second)
 	le := &LockedError{Key: tk.key, RetryIn: wholeSeconds(d), taskType: tk.Type(), taskID: tk.meta.id, paused: d, cause: pe}
-	if tk.lim != (ratelimit.Limit{}) {
+	if tk.lim != (ratelimit.Rate{}) {
 		if _, err := m.rates.Pause(context.WithoutCancel(ctx), tk.key, tk.lim, min(d, ratelimit.MaxPer)); err != nil {
 			le.pauseErr = err
 		}

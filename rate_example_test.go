@@ -83,14 +83,14 @@ func ExampleRateBy() {
 	mux := asynq.NewServeMux()
 	planOf := func(context.Context, *asynq.Task) (string, error) { return "pro", nil } // your lookup, cached
 
-	plans := map[string]ratelimit.Limit{
+	plans := map[string]ratelimit.Rate{
 		"free": ratelimit.PerMinute(10),
 		"pro":  {N: 100, Per: time.Second, Burst: 20},
 	}
 	mux.Use(asynqmutex.Middleware(locks, asynqmutex.On("tenant_id"), asynqmutex.Limit(5),
-		asynqmutex.RateBy(func(ctx context.Context, t *asynq.Task) (ratelimit.Limit, error) {
+		asynqmutex.RateBy(func(ctx context.Context, t *asynq.Task) (ratelimit.Rate, error) {
 			plan, err := planOf(ctx, t)
-			return plans[plan], err // an unknown plan: the zero Limit, no rate limit
+			return plans[plan], err // an unknown plan: the zero Rate, no rate limit
 		})))
 
 	fmt.Println(plans["pro"])

@@ -219,16 +219,16 @@ func TestRateBy(t *testing.T) {
 	locks, _ := newLocks(t)
 	ctx := context.Background()
 	ran := map[string]int{}
-	h := Middleware(locks, On("tenant"), OnConflict(Skip), NoLock(), RateBy(func(_ context.Context, t *asynq.Task) (ratelimit.Limit, error) {
+	h := Middleware(locks, On("tenant"), OnConflict(Skip), NoLock(), RateBy(func(_ context.Context, t *asynq.Task) (ratelimit.Rate, error) {
 		switch p := string(t.Payload()); {
 		case strings.Contains(p, "gold"):
-			return ratelimit.Limit{}, nil // no limit
+			return ratelimit.Rate{}, nil // no limit
 		case strings.Contains(p, "free"):
 			return ratelimit.PerMinute(1), nil
 		case strings.Contains(p, "bad"):
-			return ratelimit.Limit{N: 0, Per: time.Second}, nil
+			return ratelimit.Rate{N: 0, Per: time.Second}, nil
 		}
-		return ratelimit.Limit{}, errors.New("plan store unreachable")
+		return ratelimit.Rate{}, errors.New("plan store unreachable")
 	}))(asynq.HandlerFunc(func(_ context.Context, t *asynq.Task) error {
 		ran[string(t.Payload())]++
 		return nil
@@ -335,7 +335,7 @@ func TestRateOptionPanics(t *testing.T) {
 		{"NoLock with Limit", func() { Middleware(locks, Rate(1, time.Second), NoLock(), Limit(2)) }, "asynqmutex.Middleware: NoLock and Limit both given; Limit caps the tasks that hold a key's lock"},
 		{"Rate with OnEach", func() { Middleware(locks, OnEach("a", "b"), Rate(1, time.Second)) }, "asynqmutex.Middleware: Rate limits one key per task; OnEach gives a task several keys"},
 		{"Rate and RateBy", func() {
-			Middleware(locks, Rate(1, time.Second), RateBy(func(context.Context, *asynq.Task) (ratelimit.Limit, error) { return ratelimit.Limit{}, nil }))
+			Middleware(locks, Rate(1, time.Second), RateBy(func(context.Context, *asynq.Task) (ratelimit.Rate, error) { return ratelimit.Rate{}, nil }))
 		}, "asynqmutex.Middleware: Rate and RateBy both given; give one"},
 	} {
 		t.Run(tt.name, func(t *testing.T) { assert.PanicsWithValue(t, tt.want, tt.f) })

@@ -117,7 +117,7 @@ var rateContenders = []rateContender{
 	{column: column{name: rateFloorColumn}, sent: []string{"evalsha", "eval", "script"}, ns: "rate-floor", open: openRateFloor},
 }
 
-func (rc rateCase) limit() ratelimit.Limit {
+func (rc rateCase) limit() ratelimit.Rate {
 	if rc.perMinute {
 		return ratelimit.PerMinute(rc.perSecond)
 	}

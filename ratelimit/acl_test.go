@@ -37,7 +37,7 @@ func TestACLSuffices(t *testing.T) {
 		t.Run(tt.user, func(t *testing.T) {
 			rdb := srv.User(t, admin, tt.user, tt.rules)
 			l, key := New(rdb), uniqueKey(t)
-			lim := Limit{N: 1, Per: 50 * time.Millisecond}
+			lim := Rate{N: 1, Per: 50 * time.Millisecond}
 			steps := []struct {
 				name string
 				f    func() error

@@ -3,7 +3,7 @@
 // 10 emails a second per tenant. It is the asynqmutex middleware's Rate gate, and as
 // usable on its own as package mutex.
 //
-// A Limit is n starts per interval with a burst. The limiter is GCRA (the generic
+// A Rate is n starts per interval with a burst. The limiter is GCRA (the generic
 // cell rate algorithm, a leaky bucket kept as one timestamp): starts are spaced
 // interval/n apart, and up to Burst may begin at once when the key was idle. With the
 // default burst of 1, no window of the interval's length, wherever it falls, sees more

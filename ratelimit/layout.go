@@ -72,7 +72,7 @@ func keyOf(prefix, rkey string) (key string, digested bool) {
 const idChars = 11
 
 // member is the member of a start taken by the call with identity id under lim.
-func member(id string, lim Limit) string {
+func member(id string, lim Rate) string {
 	if len(id) > idChars {
 		id = id[:idChars]
 	}

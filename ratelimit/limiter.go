@@ -75,7 +75,7 @@ type Result struct {
 // Allow takes a start of key under lim if it may begin now. It is shorthand for
 // Reserve(ctx, key, lim, 0). On error nothing was taken, unless the error came after
 // Redis applied the call (a lost reply), in which case the start lapses unused.
-func (l *Limiter) Allow(ctx context.Context, key string, lim Limit) (Result, error) {
+func (l *Limiter) Allow(ctx context.Context, key string, lim Rate) (Result, error) {
 	return l.Reserve(ctx, key, lim, 0)
 }
 
@@ -90,7 +90,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, lim Limit) (Result, err
 // reports it, up to 10 seconds later. On error (Redis could not be reached, lim is
 // invalid, maxWait is negative) nothing was taken, except that a reply lost for good
 // may leave a start taken and unused. Reserve is safe for concurrent use.
-func (l *Limiter) Reserve(ctx context.Context, key string, lim Limit, maxWait time.Duration) (Result, error) {
+func (l *Limiter) Reserve(ctx context.Context, key string, lim Rate, maxWait time.Duration) (Result, error) {
 	if err := lim.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -121,7 +121,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, lim Limit, maxWait ti
 // one after the pause, within what is left of maxWait (so a pause stops the starts
 // already waiting too). When ctx ends while Take sleeps, the start is given back
 // (see Cancel) and ctx's error returned. Safe for concurrent use.
-func (l *Limiter) Take(ctx context.Context, key string, lim Limit, maxWait time.Duration) (Result, error) {
+func (l *Limiter) Take(ctx context.Context, key string, lim Rate, maxWait time.Duration) (Result, error) {
 	start := time.Now()
 	var slept time.Duration
 	for range maxConfirms {
@@ -169,7 +169,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // waiting at most until ctx's deadline: when the next start comes after it, Wait
 // returns at once an error wrapping ErrLimited that says when it comes. Without a
 // deadline Wait accepts any delay. Safe for concurrent use.
-func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
+func (l *Limiter) Wait(ctx context.Context, key string, lim Rate) error {
 	maxWait := time.Duration(1<<63 - 1)
 	if d, ok := ctx.Deadline(); ok {
 		maxWait = max(time.Until(d), 0)
@@ -206,7 +206,7 @@ func (l *Limiter) Cancel(ctx context.Context, key string, r Result) (bool, error
 // longer stay. Pause returns how long the key is held back from now. It returns an
 // error if lim is invalid, d is outside (0, MaxPer], or Redis could not be reached.
 // Safe for concurrent use.
-func (l *Limiter) Pause(ctx context.Context, key string, lim Limit, d time.Duration) (time.Duration, error) {
+func (l *Limiter) Pause(ctx context.Context, key string, lim Rate, d time.Duration) (time.Duration, error) {
 	if err := lim.Validate(); err != nil {
 		return 0, err
 	}

@@ -19,7 +19,7 @@ import (
 func TestAllowSpacesStarts(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
-	lim := Limit{N: 4, Per: 2 * time.Second} // one start every 500ms
+	lim := Rate{N: 4, Per: 2 * time.Second} // one start every 500ms
 	start := time.Now()
 	r, err := l.Allow(ctx, key, lim)
 	if err != nil || !r.Allowed || r.Delay != 0 || r.Remaining != 0 {
@@ -38,7 +38,7 @@ func TestAllowSpacesStarts(t *testing.T) {
 func TestBurst(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
-	lim := Limit{N: 1, Per: time.Minute, Burst: 3}
+	lim := Rate{N: 1, Per: time.Minute, Burst: 3}
 	for i, want := range []int{2, 1, 0} {
 		r, err := l.Allow(ctx, key, lim)
 		if err != nil || !r.Allowed || r.Remaining != want {
@@ -109,7 +109,7 @@ func TestCancelGivesBackTheLatestStart(t *testing.T) {
 func TestPause(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
-	lim := Limit{N: 10, Per: time.Second, Burst: 5}
+	lim := Rate{N: 10, Per: time.Second, Burst: 5}
 	left, err := l.Pause(ctx, key, lim, time.Minute)
 	if err != nil || left > time.Minute || left < 59*time.Second {
 		t.Fatalf("Pause = %v, %v; want about a minute", left, err)
@@ -137,7 +137,7 @@ func TestPause(t *testing.T) {
 func TestNoBurstAfterPause(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
-	lim := Limit{N: 10, Per: time.Second, Burst: 5} // every 100ms, 5 at once
+	lim := Rate{N: 10, Per: time.Second, Burst: 5} // every 100ms, 5 at once
 	start := time.Now()
 	if _, err := l.Pause(ctx, key, lim, 300*time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestNoBurstAfterPause(t *testing.T) {
 func TestWait(t *testing.T) {
 	t.Parallel()
 	l, key := New(sharedServer(t)), uniqueKey(t)
-	lim := Limit{N: 1, Per: 200 * time.Millisecond}
+	lim := Rate{N: 1, Per: 200 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := l.Wait(ctx, key, lim); err != nil {
@@ -175,7 +175,7 @@ func TestWait(t *testing.T) {
 
 	// The next start is a minute away, past any deadline the Wait has: however late
 	// this runs, it is refused at once.
-	slow := Limit{N: 1, Per: time.Minute}
+	slow := Rate{N: 1, Per: time.Minute}
 	k2 := uniqueKey(t)
 	if _, err := l.Allow(context.Background(), k2, slow); err != nil {
 		t.Fatal(err)
@@ -205,7 +205,7 @@ func TestWait(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	l, ctx := New(sharedServer(t)), context.Background()
-	for _, lim := range []Limit{
+	for _, lim := range []Rate{
 		{N: 0, Per: time.Second},
 		{N: 1, Per: 0},
 		{N: 1, Per: MaxPer + 1},
@@ -226,7 +226,7 @@ func TestValidate(t *testing.T) {
 	if _, err := l.Pause(ctx, "k", PerSecond(1), 0); err == nil {
 		t.Error("Pause(0): no error")
 	}
-	if got := (Limit{N: 50, Per: time.Second, Burst: 5}).String(); got != "50 per 1s, burst 5" {
+	if got := (Rate{N: 50, Per: time.Second, Burst: 5}).String(); got != "50 per 1s, burst 5" {
 		t.Errorf("String() = %q", got)
 	}
 }
@@ -279,7 +279,7 @@ func TestInspectAndList(t *testing.T) {
 	prefix := "rl" + uniqueKey(t) + ":"
 	l, ctx := New(rdb, Prefix(prefix)), context.Background()
 	a, b := "tenant{a}", strings.Repeat("x", 400)
-	lim := Limit{N: 10, Per: time.Second, Burst: 4}
+	lim := Rate{N: 10, Per: time.Second, Burst: 4}
 	for range 3 {
 		if _, err := l.Allow(ctx, a, lim); err != nil {
 			t.Fatal(err)
@@ -341,7 +341,7 @@ func TestKeyExpires(t *testing.T) {
 }
 
 func TestMemberRoundTrip(t *testing.T) {
-	lim := Limit{N: 3, Per: time.Second, Burst: 7}
+	lim := Rate{N: 3, Per: time.Second, Burst: 7}
 	iv, b, ok := memberLimit(member(newID(), lim))
 	if !ok || iv != 333334*time.Microsecond || b != 7 {
 		t.Errorf("memberLimit(member(%v)) = %v, %d, %v; want 333.334ms, 7, true", lim, iv, b, ok)
@@ -359,7 +359,7 @@ func TestMemberRoundTrip(t *testing.T) {
 func TestTakeHeldBackByPauseWhileWaiting(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
-	lim := Limit{N: 10, Per: time.Second} // every 100ms
+	lim := Rate{N: 10, Per: time.Second} // every 100ms
 	if _, err := l.Allow(ctx, key, lim); err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func evenly(from int64, n int, every time.Duration) []int64 {
 // allows and trips on one it does not.
 func TestCheckersTripOnSyntheticHistories(t *testing.T) {
 	t.Parallel()
-	lim := ratelimit.Limit{N: 50, Per: time.Second}
+	lim := ratelimit.Rate{N: 50, Per: time.Second}
 	iv := interval(lim)
 	const t0 = 1_000_000_000
 	run := 10 * lim.Per

@@ -17,7 +17,7 @@ import (
 func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
 
 // interval is the spacing of lim's starts.
-func interval(lim ratelimit.Limit) time.Duration { return lim.Per / time.Duration(lim.N) }
+func interval(lim ratelimit.Rate) time.Duration { return lim.Per / time.Duration(lim.N) }
 
 // span is when something happened, known to lie between Lo and Hi (referee µs).
 type span struct{ Lo, Hi int64 }
@@ -76,8 +76,8 @@ func spans(starts []start, f func(start) span) []span {
 // Either way the referee's own delay (it reads its clock when the record reaches
 // it) is measured and taken out, not allowed for: a referee stalled for longer than
 // an interval would otherwise bunch records of starts that did not bunch.
-func setBound(lim ratelimit.Limit) int   { return lim.N + max(lim.Burst, 1) - 1 }
-func beginBound(lim ratelimit.Limit) int { return lim.N + max(lim.Burst, 1) }
+func setBound(lim ratelimit.Rate) int   { return lim.N + max(lim.Burst, 1) - 1 }
+func beginBound(lim ratelimit.Rate) int { return lim.N + max(lim.Burst, 1) }
 
 // windowVerdict is what checkWindows found: the most starts in one window of Per,
 // as set by the limiter and as begun (both certain, see certainInWindow), and as
@@ -89,7 +89,7 @@ type windowVerdict struct {
 	Late                 time.Duration // the most any start of the fullest begun window can have been late
 }
 
-func (v windowVerdict) String(lim ratelimit.Limit) string {
+func (v windowVerdict) String(lim ratelimit.Rate) string {
 	return fmt.Sprintf("%d set (bound %d), %d begun (bound %d; the latest of them up to %v late), %d recorded",
 		v.Set, setBound(lim), v.Began, beginBound(lim), v.Late.Round(100*time.Microsecond), v.Recorded)
 }
@@ -97,7 +97,7 @@ func (v windowVerdict) String(lim ratelimit.Limit) string {
 // checkWindows fails when a window of lim.Per certainly holds more than setBound
 // set moments, or more than beginBound begins none of which was late by an
 // interval or more.
-func checkWindows(starts []start, lim ratelimit.Limit) (windowVerdict, error) {
+func checkWindows(starts []start, lim ratelimit.Rate) (windowVerdict, error) {
 	per := micros(lim.Per)
 	var v windowVerdict
 	v.Set, _ = certainInWindow(spans(starts, start.set), per)
@@ -141,7 +141,7 @@ const minShare = 0.95
 // starts per Per. The fleet tests report it and assert checkSaturated instead: a
 // loaded machine leaves stretches in which nobody asks, which counting begins
 // would blame on the limiter.
-func checkThroughput(begins []int64, lim ratelimit.Limit, from int64, run time.Duration) (float64, error) {
+func checkThroughput(begins []int64, lim ratelimit.Rate, from int64, run time.Duration) (float64, error) {
 	n := 0
 	for _, b := range begins {
 		if b >= from && b < from+micros(run) {
@@ -228,14 +228,14 @@ type saturation struct {
 // asks makes idle time, which is the machine's; waste is the limiter's. It fails on
 // any waste, on starts closer than an interval, and when the rate while callers
 // waited is below minShare of the limit. starts must all have S.
-func checkSaturated(starts []start, lim ratelimit.Limit) (saturation, error) {
+func checkSaturated(starts []start, lim ratelimit.Rate) (saturation, error) {
 	var sat saturation
 	if len(starts) < 2 {
 		return sat, fmt.Errorf("%d starts: nothing to judge", len(starts))
 	}
 	ss := slices.Clone(starts)
 	slices.SortFunc(ss, func(a, b start) int { return cmp.Compare(a.S, b.S) })
-	iv := tau(ratelimit.Limit{N: lim.N, Per: lim.Per}) // the interval, rounded as the limiter does
+	iv := tau(ratelimit.Rate{N: lim.N, Per: lim.Per}) // the interval, rounded as the limiter does
 	var idle int64
 	for k := 1; k < len(ss); k++ {
 		g := ss[k].S - ss[k-1].S

@@ -46,7 +46,7 @@ const refTimeout = 10 * time.Second
 // keySpec is one key a worker takes starts of, and how.
 type keySpec struct {
 	Name       string
-	Limit      ratelimit.Limit
+	Limit      ratelimit.Rate
 	Goroutines int  // goroutines per worker, each in its own Wait loop
 	Calls      bool // record the referee time before each Wait (the pause test needs it)
 }
@@ -570,7 +570,7 @@ func (f *fleet) oneClock(t *testing.T) int64 {
 
 // tau is lim's tau in µs as package ratelimit computes it (limit.go): burst times
 // the interval, rounded up to a whole µs.
-func tau(lim ratelimit.Limit) int64 {
+func tau(lim ratelimit.Rate) int64 {
 	us, n := micros(lim.Per), int64(lim.N)
 	return int64(max(lim.Burst, 1)) * ((us + n - 1) / n)
 }

@@ -139,7 +139,7 @@ func TestLostReplies(t *testing.T) {
 	t.Parallel()
 	r := newLostReplyRig(t)
 	ctx := context.Background()
-	lim := ratelimit.Limit{N: 50, Per: time.Second}
+	lim := ratelimit.Rate{N: 50, Per: time.Second}
 	iv := interval(lim)
 	l := ratelimit.New(r.through)
 	if _, err := l.Allow(ctx, "warm", lim); err != nil { // the library is loaded

@@ -21,7 +21,7 @@ import (
 // paused, must find starts called and begun inside the pause.
 func TestFleetPause(t *testing.T) {
 	t.Parallel()
-	lim := ratelimit.Limit{N: 50, Per: time.Second}
+	lim := ratelimit.Rate{N: 50, Per: time.Second}
 	iv := interval(lim)
 	paused := keySpec{Name: "pause:p", Limit: lim, Goroutines: 2, Calls: true}
 	other := keySpec{Name: "pause:q", Limit: lim, Goroutines: 2, Calls: true}

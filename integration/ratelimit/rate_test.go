@@ -15,9 +15,9 @@ const fleetWorkers = 4
 // another would show in that key's windows or throughput.
 func rateKeys(prefix string) []keySpec {
 	return []keySpec{
-		{Name: prefix + ":a", Limit: ratelimit.Limit{N: 50, Per: time.Second}, Goroutines: 2},
-		{Name: prefix + ":b", Limit: ratelimit.Limit{N: 20, Per: 500 * time.Millisecond}, Goroutines: 1},
-		{Name: prefix + ":c", Limit: ratelimit.Limit{N: 3, Per: 100 * time.Millisecond}, Goroutines: 1},
+		{Name: prefix + ":a", Limit: ratelimit.Rate{N: 50, Per: time.Second}, Goroutines: 2},
+		{Name: prefix + ":b", Limit: ratelimit.Rate{N: 20, Per: 500 * time.Millisecond}, Goroutines: 1},
+		{Name: prefix + ":c", Limit: ratelimit.Rate{N: 3, Per: 100 * time.Millisecond}, Goroutines: 1},
 	}
 }
 

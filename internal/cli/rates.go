@@ -275,12 +275,12 @@ func findRateNearby(ctx context.Context, rl *ratelimit.Limiter, key string) (*ne
 
 // limitEvery is the Limit of one start every every, with burst: its spacing is
 // every, to the microsecond (ratelimit's resolution), also below a millisecond,
-// the shortest Per a Limit takes.
-func limitEvery(every time.Duration, burst int) ratelimit.Limit {
+// the shortest Per a Rate takes.
+func limitEvery(every time.Duration, burst int) ratelimit.Rate {
 	if every >= time.Millisecond {
-		return ratelimit.Limit{N: 1, Per: every, Burst: burst}
+		return ratelimit.Rate{N: 1, Per: every, Burst: burst}
 	}
-	return ratelimit.Limit{N: 1000, Per: every * 1000, Burst: burst}
+	return ratelimit.Rate{N: 1000, Per: every * 1000, Burst: burst}
 }
 
 type ratesJSON struct {

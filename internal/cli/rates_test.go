@@ -12,7 +12,7 @@ import (
 )
 
 // allow takes n starts of key under lim, each of which must be allowed.
-func allow(t *testing.T, rl *ratelimit.Limiter, key string, lim ratelimit.Limit, n int) {
+func allow(t *testing.T, rl *ratelimit.Limiter, key string, lim ratelimit.Rate, n int) {
 	t.Helper()
 	for i := range n {
 		r, err := rl.Allow(ctxT(t), key, lim)
@@ -29,7 +29,7 @@ type rateFixture struct {
 	rl                    *ratelimit.Limiter
 	pay, mail, sms, long  string
 	uri                   string
-	payLim, mailLim, slow ratelimit.Limit
+	payLim, mailLim, slow ratelimit.Rate
 }
 
 // Limits of a minute per start, so that nothing the tests read moves while they run.
@@ -42,8 +42,8 @@ func newRateFixture(t *testing.T) *rateFixture {
 		mail:    taskKeyOf(t, "email:send", `"t-1"`),
 		sms:     taskKeyOf(t, "sms:send", `"t-1"`),
 		long:    taskKeyOf(t, "report:export", strconv.Quote(strings.Repeat("x", 400))),
-		payLim:  ratelimit.Limit{N: 1, Per: time.Minute, Burst: 5},
-		mailLim: ratelimit.Limit{N: 1, Per: time.Minute, Burst: 2},
+		payLim:  ratelimit.Rate{N: 1, Per: time.Minute, Burst: 5},
+		mailLim: ratelimit.Rate{N: 1, Per: time.Minute, Burst: 2},
 		slow:    ratelimit.PerMinute(1),
 	}
 	allow(t, f.rl, f.pay, f.payLim, 3)

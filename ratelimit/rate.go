@@ -6,34 +6,34 @@ import (
 	"time"
 )
 
-// Limit is how often a key may start: at most N starts per Per, spaced Per/N apart,
+// Rate is how often a key may start: at most N starts per Per, spaced Per/N apart,
 // with up to Burst of them at once after the key was idle. The zero Burst means 1.
 //
 // With Burst 1, no window of length Per, wherever it falls, holds more than N
 // starts; with Burst b, no such window holds more than N+b-1, and a key idle for
-// b·Per/N may start b tasks at once. A Limit is a plain value, safe to share.
-type Limit struct {
+// b·Per/N may start b tasks at once. A Rate is a plain value, safe to share.
+type Rate struct {
 	N     int           // starts per Per, at least 1
 	Per   time.Duration // at least 1ms, at most MaxPer
 	Burst int           // starts that may begin at once, 0 (meaning 1) to MaxBurst
 }
 
-// MaxPer is the longest interval a Limit may have, and MaxBurst its largest burst.
+// MaxPer is the longest interval a Rate may have, and MaxBurst its largest burst.
 const (
 	MaxPer   = 7 * 24 * time.Hour
 	MaxBurst = 1_000_000
 )
 
 // PerSecond returns n starts a second, one every 1s/n.
-func PerSecond(n int) Limit { return Limit{N: n, Per: time.Second} }
+func PerSecond(n int) Rate { return Rate{N: n, Per: time.Second} }
 
 // PerMinute returns n starts a minute, one every 1m/n.
-func PerMinute(n int) Limit { return Limit{N: n, Per: time.Minute} }
+func PerMinute(n int) Rate { return Rate{N: n, Per: time.Minute} }
 
 // Validate returns an error saying what is wrong with l, or nil: N below 1, Per
 // outside [1ms, MaxPer], Burst outside [0, MaxBurst], or more than one start per
 // microsecond (the resolution of the server's clock).
-func (l Limit) Validate() error {
+func (l Rate) Validate() error {
 	switch {
 	case l.N < 1:
 		return fmt.Errorf("ratelimit: limit %v: N must be at least 1", l)
@@ -48,7 +48,7 @@ func (l Limit) Validate() error {
 }
 
 // String returns l as "50 per 1s" or "50 per 1s, burst 5".
-func (l Limit) String() string {
+func (l Rate) String() string {
 	s := fmt.Sprintf("%d per %v", l.N, l.Per)
 	if l.Burst > 1 {
 		s += fmt.Sprintf(", burst %d", l.Burst)
@@ -58,12 +58,12 @@ func (l Limit) String() string {
 
 // interval is the spacing of starts in microseconds, rounded up, so that the
 // rounding never lets more than N through per Per.
-func (l Limit) interval() int64 {
+func (l Rate) interval() int64 {
 	us := int64(l.Per / time.Microsecond)
 	return (us + int64(l.N) - 1) / int64(l.N)
 }
 
-func (l Limit) burst() int64 { return int64(max(l.Burst, 1)) }
+func (l Rate) burst() int64 { return int64(max(l.Burst, 1)) }
 
 // ErrLimited means a start was not taken: the key's limit, or a pause, allows the
 // next start only later than the caller would wait. Wait returns it (wrapped, with

@@ -214,10 +214,16 @@ func ExampleConfigure() {
 
 // asynq calls Config.ErrorHandler for every error a handler returns, the
 // *LockedError of each busy key included, with Configure too. errors.As tells them
-// apart, to report only real failures.
+// apart, to report only real failures, and a pause that a handler asked for (a 429)
+// from a busy key.
 func ExampleConfigure_errorHandler() {
 	cfg := asynqmutex.Configure(asynq.Config{
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			var pe *asynqmutex.PauseError // first: a pause is a LockedError too
+			if errors.As(err, &pe) {
+				fmt.Println("service asked for a pause of", pe.For, "because", pe.Err)
+				return
+			}
 			var le *asynqmutex.LockedError
 			if errors.As(err, &le) {
 				return // a busy key: the task runs again later; nothing failed
@@ -228,9 +234,11 @@ func ExampleConfigure_errorHandler() {
 
 	task := asynq.NewTask("payment:capture", nil)
 	cfg.ErrorHandler.HandleError(context.Background(), task, &asynqmutex.LockedError{Key: `["payment:capture","tx-1"]`, RetryIn: 5 * time.Second})
+	cfg.ErrorHandler.HandleError(context.Background(), task, asynqmutex.PauseKey(30*time.Second, errors.New("HTTP 429")))
 	cfg.ErrorHandler.HandleError(context.Background(), task, errors.New("card declined"))
 
 	// Output:
+	// service asked for a pause of 30s because HTTP 429
 	// task failed: card declined
 }
 

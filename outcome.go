@@ -98,11 +98,17 @@ type PauseError struct {
 // key asks to be left alone for d, an HTTP 429 with Retry-After: 30, say: under Rate
 // or RateBy the middleware pauses the task's key for d on every worker (see
 // ratelimit.Limiter.Pause), so that no task of the key starts before d has passed,
-// and tasks of other keys run on. The task itself is sent back to run again after d
-// (rounded up to whole seconds), as a busy key's task under RetryLater: with
+// and tasks of other keys run on. The task itself is sent back to run again once d
+// has passed (d rounded up to whole seconds, and a second more, since asynq keeps
+// retry times in whole seconds), as a busy key's task under RetryLater: with
 // Configure it spends no retry, whatever the OnConflict policy. A task with no retry
 // left is archived by asynq with this error, as for any error. Without a rate gate
 // the key is not paused, and the task is only sent back. err may be nil.
+//
+// Each pause is logged at Warn (see Logger) with the key, how long and until when,
+// and err; a task whose key another pause holds back longer logs nothing. The task's
+// error, a *LockedError, wraps the *PauseError: an ErrorHandler tells a pause from a
+// busy key with errors.As(err, new(*PauseError)) (docs/conflicts.md).
 func PauseKey(d time.Duration, err error) error {
 	return &PauseError{For: d, Err: err}
 }
@@ -121,17 +127,40 @@ func (e *PauseError) Unwrap() error { return e.Err }
 
 // paused handles the PauseError pe that task tk's handler returned: it pauses the
 // key (with a rate gate; sent even when the task's context has ended, as the
-// handler's answer stands) and returns the task's error, a *LockedError whose
-// RetryIn is the pause, rounded up to whole seconds.
+// handler's answer stands), logs the pause at Warn unless another one held the key
+// back longer already, and returns the task's error, a *LockedError whose RetryIn
+// is the pause, rounded up to whole seconds, and one second more: asynq keeps a
+// retry's time in whole seconds, cut short, so that a task sent back for RetryIn
+// may return up to a second before it.
 func (m *middleware) paused(ctx context.Context, tk *task, pe *PauseError) error {
 	d := max(pe.For, time.Second)
-	le := &LockedError{Key: tk.key, RetryIn: wholeSeconds(d), taskType: tk.Type(), taskID: tk.meta.id, paused: d, cause: pe}
+	le := &LockedError{Key: tk.key, RetryIn: wholeSeconds(d) + time.Second, taskType: tk.Type(), taskID: tk.meta.id, paused: d, cause: pe}
+	held := d // how long the key is held back from now
 	if tk.lim != (ratelimit.Rate{}) {
-		if _, err := m.rates.Pause(context.WithoutCancel(ctx), tk.key, tk.lim, min(d, ratelimit.MaxPer)); err != nil {
+		h, err := m.rates.Pause(context.WithoutCancel(ctx), tk.key, tk.lim, min(d, ratelimit.MaxPer))
+		if err != nil {
 			le.pauseErr = err
+		} else {
+			held = h
 		}
 	} else {
 		le.pauseErr = errNoRateGate
+	}
+	if held <= d {
+		attrs := []slog.Attr{
+			slog.String("task_type", shortkey.Shorten(tk.Type())),
+			slog.String("task_id", shortkey.Shorten(tk.meta.id)),
+			slog.String("key", shortkey.Show(tk.key)),
+			slog.Duration("for", d),
+			slog.Time("until", time.Now().Add(held)),
+		}
+		if pe.Err != nil {
+			attrs = append(attrs, slog.String("error", oneLine(pe.Err)))
+		}
+		if le.pauseErr != nil {
+			attrs = append(attrs, slog.String("not_paused", oneLine(le.pauseErr)))
+		}
+		m.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: a handler asked to pause its key", attrs...)
 	}
 	m.emit(ctx, Event{Op: OpPaused, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: d, Err: le})
 	return le

@@ -60,7 +60,7 @@ func ExamplePauseKey() {
 
 	handler := asynqmutex.Middleware(locks, asynqmutex.On("merchant_id"), asynqmutex.Rate(100, time.Minute))(
 		asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			resp := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"30"}}}
+			resp := &http.Response{Status: "429 Too Many Requests", StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"30"}}}
 			if resp.StatusCode == http.StatusTooManyRequests {
 				secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 				return asynqmutex.PauseKey(time.Duration(secs)*time.Second, errors.New(resp.Status))
@@ -70,9 +70,9 @@ func ExamplePauseKey() {
 
 	err = handler.ProcessTask(context.Background(), asynq.NewTask("charge", []byte(`{"merchant_id":"m-1"}`)))
 	var le *asynqmutex.LockedError
-	fmt.Println(errors.As(err, &le), le.RetryIn)
+	fmt.Println(errors.As(err, &le), le.RetryIn) // a second more than the pause: asynq keeps whole seconds, cut short
 	// Output:
-	// true 30s
+	// true 31s
 }
 
 // Limits that differ per key: a tenant's plan.

@@ -1,9 +1,12 @@
 package asynqmutex
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -192,9 +195,9 @@ func TestPauseKey(t *testing.T) {
 	)
 	require.ErrorAs(t, err, &le)
 	require.ErrorAs(t, err, &pe)
-	assert.Equal(t, 30*time.Second, le.RetryIn, "sent back for the pause, whatever the policy")
+	assert.Equal(t, 31*time.Second, le.RetryIn, "sent back for the pause and a second, whatever the policy")
 	assert.False(t, IsFailure(err))
-	assert.Equal(t, `asynqmutex: task "sync": handler asked to pause key ["sync","a"] for 30s (HTTP 429); retry in 30s`, err.Error())
+	assert.Equal(t, `asynqmutex: task "sync": handler asked to pause key ["sync","a"] for 30s (HTTP 429); retry in 31s`, err.Error())
 	assert.Equal(t, Event{Op: OpPaused, TaskType: "sync", Key: `["sync","a"]`}, stripped(ev.last()))
 	assert.Equal(t, 30*time.Second, ev.last().Wait)
 
@@ -211,8 +214,49 @@ func TestPauseKey(t *testing.T) {
 	}))
 	err = plain.ProcessTask(ctx, tenantTask("c"))
 	require.ErrorAs(t, err, &le)
-	assert.Equal(t, 2*time.Second, le.RetryIn)
+	assert.Equal(t, 3*time.Second, le.RetryIn)
 	assert.Contains(t, err.Error(), "not paused: the middleware has no Rate or RateBy")
+}
+
+// TestPauseKeyLogged: a pause a handler asks for is logged at Warn, once: with the
+// key, how long, until when and the handler's error; a task whose key another pause
+// holds back longer logs nothing. A pause without a rate gate is logged too, saying
+// the key was not paused.
+func TestPauseKeyLogged(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	lim := ratelimit.PerSecond(100)
+	h := Middleware(locks, On("tenant"), Rate(lim.N, lim.Per), Logger(logger))(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		if strings.Contains(string(t.Payload()), `"longer"`) {
+			// Another task's pause, longer than this one's, came first.
+			if _, err := rates(locks).Pause(ctx, `["sync","longer"]`, lim, time.Minute); err != nil {
+				return err
+			}
+		}
+		return PauseKey(30*time.Second, errors.New("HTTP 429"))
+	}))
+	before := time.Now()
+	require.Error(t, h.ProcessTask(ctx, tenantTask("a")))
+	logged := buf.String()
+	assert.Equal(t, 1, strings.Count(logged, "a handler asked to pause its key"), logged)
+	for _, want := range []string{"level=WARN", `key="[\"sync\",\"a\"]"`, "for=30s", `error="HTTP 429"`, "until="} {
+		assert.Contains(t, logged, want)
+	}
+	until, err := time.Parse(time.RFC3339, regexp.MustCompile(`until=(\S+)`).FindStringSubmatch(logged)[1])
+	require.NoError(t, err)
+	assert.False(t, until.Before(before.Add(30*time.Second).Truncate(time.Second)), "until %v: the pause's end", until)
+
+	require.Error(t, h.ProcessTask(ctx, tenantTask("longer")))
+	assert.Equal(t, 1, strings.Count(buf.String(), "a handler asked to pause its key"), "a key held back longer already logs nothing: %s", buf.String())
+
+	plain := Middleware(locks, On("tenant"), Logger(logger))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return PauseKey(time.Second, nil)
+	}))
+	require.Error(t, plain.ProcessTask(ctx, tenantTask("c")))
+	assert.Equal(t, 2, strings.Count(buf.String(), "a handler asked to pause its key"), buf.String())
+	assert.Contains(t, buf.String(), `not_paused="the middleware has no Rate or RateBy`)
 }
 
 func TestRateBy(t *testing.T) {

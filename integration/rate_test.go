@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -276,6 +277,51 @@ func TestPauseKeyStopsOnlyItsKey(t *testing.T) {
 		}
 		if st.runs[seq] != want {
 			t.Errorf("task %d ran %d times, want %d", seq, st.runs[seq], want)
+		}
+	}
+}
+
+// TestPauseKeyTaskReturnsAfterItsPause: a task whose handler asks for a pause of a
+// second is not run again before that second has passed, though asynq keeps retry
+// times in whole seconds, cut short. Without a rate gate nothing else holds it back,
+// so its own return is what is measured; eight tasks make a return across a second's
+// boundary, the case that came back early, all but certain.
+func TestPauseKeyTaskReturnsAfterItsPause(t *testing.T) {
+	t.Parallel()
+	const tasks, pause = 8, time.Second
+	e := newEnv(t)
+	locks, _ := newLocks(t, e.opt)
+	var (
+		mu       sync.Mutex
+		asked    = map[string]time.Time{} // when each task's first run returned its pause
+		returned = map[string]time.Duration{}
+	)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("tenant_id"), asynqmutex.Logger(slog.New(slog.DiscardHandler)))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: tasks}), mw(asynq.HandlerFunc(
+		func(ctx context.Context, task *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			if at, ok := asked[id]; ok {
+				returned[id] = time.Since(at)
+				return nil
+			}
+			asked[id] = time.Now()
+			return asynqmutex.PauseKey(pause, errors.New("HTTP 429"))
+		})))
+	for i := range tasks {
+		e.enqueue(t, "sync", payload(t, tenantPayload{Tenant: fmt.Sprint("t", i), Seq: i}))
+	}
+	waitFor(t, 30*time.Second, "every task ran again", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(returned) == tasks, fmt.Sprintf("%d of %d back", len(returned), tasks)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, after := range returned {
+		if after < pause {
+			t.Errorf("task %s ran again %v after asking for a pause of %v", id, after, pause)
 		}
 	}
 }

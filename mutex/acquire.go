@@ -339,8 +339,7 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 			// wait on, and try again. (A Redis that cannot be reached at the first
 			// attempt is reported at once: it may be no passing outage.)
 			lastErr = err
-			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
-			pttl = backoff/2 + rand.N(backoff/2+1)
+			backoff, pttl = growBackoff(backoff)
 		case err != nil:
 			return nil, err
 		default:
@@ -409,6 +408,14 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		return nil, 0, join(ErrNotObtained, o.unconfirmed)
 	}
 	return a.lock(o.fences, sent, a.ttl), 0, nil
+}
+
+// growBackoff is the pause after prev before Redis, which could not be reached, is
+// tried again: next doubles from 10ms up to a second, and pause is next with jitter,
+// between half of it and all of it, so that clients do not all come back at once.
+func growBackoff(prev time.Duration) (next, pause time.Duration) {
+	next = min(max(2*prev, 10*time.Millisecond), time.Second)
+	return next, next/2 + rand.N(next/2+1)
 }
 
 // unreachableError is an attempt's error when Redis could not be reached or could not

@@ -32,8 +32,11 @@ const (
 	// OpRenewFailed: a renewal by WithLock got no answer (Err); it is tried again
 	// well before the lease ends, and the lease still stands.
 	OpRenewFailed
-	// OpReleaseFailed: a release got no answer (Err); the lock frees itself when its
-	// lease runs out, or may have been released. Held as for OpReleased.
+	// OpReleaseFailed: a release got no answer (Err); the lock may have been
+	// released. When Redis could not be reached for a while, the release is tried
+	// again in the background, within the lease (see Lock.Unlock), and OpReleased
+	// follows if a retry releases it; else the lock frees itself when its lease runs
+	// out. Held as for OpReleased.
 	OpReleaseFailed
 	// OpLeaseLost: the lease ended while the holder still counted on it: Redis said
 	// the key was gone or held by another token, or renewals failed until the lease

@@ -27,6 +27,8 @@ type Lock struct {
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
 	ended bool      // OpReleased or OpLeaseLost was reported
+	// retrying: a release that got no answer is being sent again (retryRelease)
+	retrying bool
 }
 
 // Key returns the key the lock was taken on, as the caller gave it.
@@ -151,10 +153,18 @@ func (l *Lock) setLease(ctx context.Context, ttl time.Duration, forward bool) er
 // Unlock releases the lock, handing it to the waiter, of any Client, queued longest.
 // It returns an error wrapping ErrNotHeld when the lease had expired, another token
 // holds the key, or ForceRelease took it (then nothing changes), and a wrapped Redis
-// error when Redis cannot be reached (then the key frees itself when the lease runs
-// out). The release is sent even when ctx is done, and ctx's end does not stop it
-// (the redis client's own timeouts bound it), so that a deadline that comes as the
-// work ends does not leave the key held for the rest of its lease.
+// error when Redis cannot be reached. The release is sent even when ctx is done, and
+// ctx's end does not stop it (the redis client's own timeouts bound it), so that a
+// deadline that comes as the work ends does not leave the key held for the rest of
+// its lease.
+//
+// A release that failed because Redis could not be reached or serve it for a while
+// (a restart, a dropped connection, a failover) still returns its error, and is sent
+// again in the background, with a pause growing to a second, up to 100 times, until
+// Redis answers, but never once the lease would have ended on this process's clock:
+// the key frees (handed to its waiter) as soon as Redis is back, at the latest when
+// the lease runs out. A late retry is harmless: it releases only this lock's own
+// token. It reports OpReleased if it releases the lock; no Close is needed for it.
 //
 // Repeating an Unlock that succeeded returns nil for 10s, however often the key
 // changed hands since: that is how a release whose reply was lost, and which go-redis
@@ -172,6 +182,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		l.emit(ctx, OpLeaseLost, err)
 	default:
 		l.emit(ctx, OpReleaseFailed, err)
+		l.retryRelease(ctx, err)
 	}
 	return err
 }

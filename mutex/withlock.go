@@ -36,13 +36,16 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 //
 // WithLock returns the error of taking the lock (ErrNotObtained, ctx's error, a Redis
 // error) without calling fn; otherwise fn's error, joined with any error of the
-// release (a release Redis could not confirm frees itself when the lease runs out).
+// release. A release that failed because Redis could not be reached for a while is
+// still reported, and is sent again in the background until Redis answers, within
+// the lease (see Lock.Unlock): the key frees as soon as Redis is back.
 // A lease is reported lost only if it was: a release whose first reply was lost
 // recognises itself however often the key changed hands since, and a release that
 // finds the key gone or re-taken otherwise means the lease ended while fn ran. The
 // release is sent even when ctx has ended (see Lock.Unlock).
-// No goroutine outlives the call. It is safe for concurrent use; fn must honour its
-// context to benefit from the cancellation.
+// No goroutine outlives the call but that retry, which ends with the lease. It is
+// safe for concurrent use; fn must honour its context to benefit from the
+// cancellation.
 func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) error {
 	if fn == nil {
 		return errors.New("mutex: WithLock with nil fn")
@@ -107,7 +110,11 @@ func (c *Client) withLock(ctx context.Context, a *acquisition, fn func(context.C
 			l.emit(ctx, OpReleased, nil)
 		default:
 			l.emit(ctx, OpReleaseFailed, uerr)
-			l.c.log().LogAttrs(ctx, slog.LevelWarn, "mutex: releasing a lock got no answer; it frees itself when its lease runs out",
+			msg := "mutex: releasing a lock got no answer; it frees itself when its lease runs out"
+			if l.retryRelease(ctx, uerr) {
+				msg = "mutex: releasing a lock got no answer; trying again until Redis answers, within its lease"
+			}
+			l.c.log().LogAttrs(ctx, slog.LevelWarn, msg,
 				slog.String("key", shortkey.Shorten(l.key)), slog.String("name", l.by.name), slog.String("id", l.by.id),
 				slog.String("error", uerr.Error()))
 		}

@@ -126,7 +126,7 @@ func New(opts ...Option) *Collector {
 		renewFailures: counterVec("lease_renew_failures_total",
 			"Number of lease renewals that got no answer from Redis (the lease still stood); broken down by task type.", "task_type"),
 		releaseFailures: counterVec("lock_release_failures_total",
-			"Number of releases that got no answer from Redis (the lock frees itself when its lease ends); broken down by task type.", "task_type"),
+			"Number of releases that got no answer from Redis (tried again until Redis answers or the lease ends); broken down by task type.", "task_type"),
 		conflicts: counterVec("task_conflicts_total",
 			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
 		badInput: counterVec("task_bad_input_total",

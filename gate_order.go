@@ -118,7 +118,9 @@ func (c *config) checkOrder(worker bool) {
 }
 
 // GapError is the Err of an OpOrderSkipped event: a place its key moved past without
-// its task finishing, and why.
+// its task finishing, and why. TaskID and Queue are empty for an abandoned place
+// that the finish of an earlier one moved past along with it: only its producer
+// knew its task.
 type GapError struct {
 	Key           string // the key, whole (see LockedError.Key)
 	Place         int64
@@ -132,6 +134,9 @@ type GapError struct {
 
 // Error names the key, the place, the task and the reason, on one line.
 func (e *GapError) Error() string {
+	if e.TaskID == "" {
+		return fmt.Sprintf("asynqmutex: key %s moved past place %d: %s", shortkey.Show(e.Key), e.Place, e.Reason)
+	}
 	return fmt.Sprintf("asynqmutex: key %s moved past place %d (task %s in queue %s): %s",
 		shortkey.Show(e.Key), e.Place, shortkey.Quote(e.TaskID), shortkey.Quote(e.Queue), e.Reason)
 }
@@ -226,15 +231,18 @@ func (m *middleware) handled(tk *task) {
 func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 	pl := tk.place
 	fctx := context.WithoutCancel(ctx)
-	var ferr error
+	var (
+		next int64 // the key's next place after the finish; 0 if it moved nothing
+		ferr error
+	)
 	switch how, r := placeOutcome(err, tk.meta, ctx.Err() != nil); {
 	case pl.readied:
-		_, ferr = pl.later.Result(fctx)
+		next, ferr = pl.later.Result(fctx)
 	case how != 0:
 		// The handler did not run (its lock was busy), or asked for a pause: the task
 		// is over all the same.
 		pl.reason = r
-		_, ferr = m.seq.Finish(fctx, tk.key, pl.Place, how)
+		next, ferr = m.seq.Finish(fctx, tk.key, pl.Place, how)
 	default:
 		if _, rerr := pl.later.Result(fctx); rerr != nil { // a Requeue no call carried
 			m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not tell the tasks waiting for a task's turn that it will run again later; they wait for it until their MaxWait",
@@ -253,9 +261,22 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 			slog.String("key", shortkey.Show(tk.key)),
 			slog.Int64("place", pl.N),
 			slog.String("error", oneLine(ferr)))
-	} else if pl.reason != "" {
+		return
+	}
+	if pl.reason != "" {
 		m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key,
 			Err: &GapError{Key: tk.key, Place: pl.N, TaskID: tk.meta.id, Queue: tk.meta.queue, Reason: pl.reason}})
+	}
+	m.abandonedPast(ctx, tk.Type(), tk.key, pl.N, next)
+}
+
+// abandonedPast reports, as OpOrderSkipped events with the reason "abandoned", the
+// places after place that a finish of place moved the key past along with it (a
+// Finish moves past abandoned places only so): those up to next, the key's next place
+// after the finish, or none when next is 0. taskType is the finishing task's.
+func (c *config) abandonedPast(ctx context.Context, taskType, key string, place, next int64) {
+	for p := place + 1; p < next; p++ {
+		c.emit(ctx, Event{Op: OpOrderSkipped, TaskType: taskType, Key: key, Err: &GapError{Key: key, Place: p, Reason: "abandoned"}})
 	}
 }
 
@@ -319,6 +340,7 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 			} else if n > 0 {
 				m.emit(ctx, Event{Op: OpOrderSkipped, TaskType: tk.Type(), TaskID: id, Key: key,
 					Err: &GapError{Key: key, Place: turn.Next, TaskID: h.TaskID, Queue: h.Queue, Reason: reason}})
+				m.abandonedPast(ctx, tk.Type(), key, turn.Next, n)
 			}
 			turn, err = m.seq.Enter(ctx, key, p)
 			continue

@@ -124,7 +124,13 @@ func (p *Producer) Enqueue(ctx context.Context, t *asynq.Task, opts ...asynq.Opt
 		// for its ID: the place stays its.
 		return nil, err
 	case err != nil:
-		_, _ = p.seq.Finish(context.WithoutCancel(ctx), key, place, order.Abandoned)
+		// The key moves past the place at once when it is the next, and reports it;
+		// otherwise it is marked, and reported when the key reaches it.
+		if next, ferr := p.seq.Finish(context.WithoutCancel(ctx), key, place, order.Abandoned); ferr == nil && next > 0 {
+			p.emit(ctx, Event{Op: OpOrderSkipped, TaskType: t.Type(), TaskID: id, Key: key,
+				Err: &GapError{Key: key, Place: place.N, TaskID: id, Queue: queue, Reason: "abandoned"}})
+			p.abandonedPast(ctx, t.Type(), key, place.N, next)
+		}
 		return nil, err
 	}
 	return info, nil

@@ -378,13 +378,13 @@ func TestOrderGaps(t *testing.T) {
 	t.Run("deleted by an operator", func(t *testing.T) {
 		t.Parallel()
 		g := newGapEnv(t, grace)
+		taken := time.Now() // before place 2 is: its grace runs from when it was taken
 		for i := range 5 {
 			g.enqueue(t, i)
 		}
 		if err := g.insp.DeleteTask("default", g.ids[1]); err != nil {
 			t.Fatal(err)
 		}
-		taken := time.Now()
 		g.start(t, nil)
 		if got, want := g.ran(t, 4, 10*graceBound), names(0, 2, 3, 4); !slices.Equal(got, want) {
 			t.Fatalf("runs %v, want %v", got, want)
@@ -529,6 +529,24 @@ func TestOrderGaps(t *testing.T) {
 			st, err := g.seq.Inspect(ctx, key)
 			return err == nil && st.Next == 6 && st.Last == 5 && st.Skipped == 1, fmt.Sprintf("%+v, %v", st, err)
 		})
+		// Place 2 was given up while place 1 was running: the key moved past it with
+		// place 1's finish, which reports it.
+		if got := g.skips(); got[2] != "abandoned" || len(got) != 1 {
+			t.Errorf("skipped places %v, want place 2 for abandoned", got)
+		}
+		// A place given up when it is the key's next is moved past at once, and the
+		// producer reports it: a unique task (enqueued without a place, for later)
+		// makes asynq refuse its duplicate.
+		later := asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k", Seq: 7}))
+		if _, err := g.cli.Enqueue(later, asynq.Unique(time.Hour), asynq.ProcessIn(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.prod.Enqueue(ctx, later, asynq.Unique(time.Hour)); !errors.Is(err, asynq.ErrDuplicateTask) {
+			t.Fatalf("Enqueue of a duplicate = %v, want asynq.ErrDuplicateTask", err)
+		}
+		if got := g.skips(); got[6] != "abandoned" || len(got) != 2 {
+			t.Errorf("skipped places %v, want place 6 for abandoned too", got)
+		}
 	})
 }
 

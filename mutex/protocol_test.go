@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/internal/store"
 )
 
 // The tests in this file each pin down a way the wait and lease protocol once
@@ -164,7 +165,7 @@ func TestSilentlyDeadSubscriptionIsReplaced(t *testing.T) {
 	case err := <-got:
 		require.NoError(t, err)
 		// A correctness bound, not a speed figure: 2 health intervals plus a reconnect.
-		assert.Less(t, time.Since(freeze), 3*healthEvery+2*time.Second, "noticed within the documented bound")
+		assert.Less(t, time.Since(freeze), 3*store.HealthEvery+2*time.Second, "noticed within the documented bound")
 	case <-time.After(30 * time.Second):
 		t.Fatal("the waiter never learned it was handed the lock")
 	}

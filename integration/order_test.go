@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
 	"github.com/asynqmutex/asynqmutex/mutex"
 	"github.com/asynqmutex/asynqmutex/order"
 )
@@ -760,6 +761,75 @@ func TestOrderFailedTaskSendsItsWaitersBack(t *testing.T) {
 				t.Logf("task 1 went back %v after task 0 failed (MaxWait %v)", after, maxWait)
 			} else if n := len(g.log.eventsOf(asynqmutex.OpOutOfTurn)); n > 0 {
 				t.Errorf("control: task 1 went back %d times; want it to wait for task 0, which ran for two thirds of its MaxWait", n)
+			}
+		})
+	}
+}
+
+// TestOrderAfterLockRedisLosesWrites: the locks and sequences live in a Redis of
+// their own, restarted while a key's tasks wait in asynq's. Without persistence the
+// sequences are lost, and every waiting task runs outside the order, reported as
+// OpOutOfOrder (docs/order.md, "What breaks order"): the control that shows the
+// case is real. With appendfsync always nothing is lost: the tasks run in order and
+// none is reported.
+func TestOrderAfterLockRedisLosesWrites(t *testing.T) {
+	t.Parallel()
+	const tasks = 6
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		outOfOrder int
+	}{
+		{"without persistence", nil, tasks},
+		{"appendfsync always", []string{"--appendonly", "yes", "--appendfsync", "always"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t) // asynq's Redis: its tasks survive
+			lockRedis := redistest.Start(t, tc.args...)
+			locks := mutex.New(lockRedis.Client(t))
+			log := newOrderLog()
+			opts := func(insp *asynq.Inspector) []asynqmutex.Option {
+				return []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+					asynqmutex.InOrder(insp), asynqmutex.MaxWait(5 * time.Second), asynqmutex.Observe(log.observe)}
+			}
+			prod := asynqmutex.NewProducer(locks, e.cli, opts(nil)...)
+			for seq := range tasks {
+				p := orderPayload{Key: "k", Seq: seq}
+				if err := log.enqueue(p, func() error {
+					_, err := prod.Enqueue(context.Background(), asynq.NewTask(orderedType, payload(t, p)))
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lockRedis.Restart(t)
+
+			mux := asynq.NewServeMux()
+			mux.HandleFunc(orderedType, func(ctx context.Context, task *asynq.Task) error {
+				var p orderPayload
+				if err := json.Unmarshal(task.Payload(), &p); err != nil {
+					return err
+				}
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				log.runs[p.Key] = append(log.runs[p.Key], p.name())
+				log.succeeded[p.name()]++
+				return nil
+			})
+			mux.Use(asynqmutex.Middleware(mutex.New(lockRedis.Client(t)), opts(e.insp)...))
+			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mux)
+			waitFor(t, 30*time.Second, "every task ran", func() (bool, string) {
+				n := log.done()
+				return n == tasks, fmt.Sprintf("%d of %d ran", n, tasks)
+			})
+			if got := len(log.eventsOf(asynqmutex.OpOutOfOrder)); got != tc.outOfOrder {
+				t.Errorf("%d tasks reported out of order, want %d", got, tc.outOfOrder)
+			}
+			if tc.outOfOrder == 0 {
+				if n, first := log.outOfOrder(); n > 0 {
+					t.Errorf("%d pairs ran out of order; first: %s", n, first)
+				}
 			}
 		})
 	}

@@ -46,10 +46,14 @@ const (
 	// OpOutOfOrder: under InOrder, a task ran under its lock alone, outside its key's
 	// order: it carried no place, or its key had moved past it. Err says which.
 	OpOutOfOrder
+	// OpOrderStalled: under InOrder, a task was sent back behind a place whose task
+	// asynq holds pending though the place is older than OrderGrace: in a queue no
+	// server reads, say. Err is a *StallError; the task's own OpOutOfTurn follows.
+	OpOrderStalled
 )
 
 var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused",
-	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order"}
+	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order", OpOrderStalled: "order_stalled"}
 
 // String returns the operation's name in snake case, such as "bad_input", for logs
 // and metric labels.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -64,7 +66,10 @@ type TaskLookup interface {
 // the middleware asks tasks (asynq's Inspector) about it, and moves past it if asynq
 // holds it archived or completed, or does not hold it and its place was taken more
 // than OrderGrace ago (a producer that crashed before enqueuing it, a task an
-// operator deleted). Each move is reported to Observe as OpOrderSkipped.
+// operator deleted). Each move is reported to Observe as OpOrderSkipped. A task asynq
+// holds pending is never moved past, however long it waits (in a queue no server
+// reads, say): once its place is older than OrderGrace, each task sent back behind it
+// is reported as OpOrderStalled, and a Warn line says so once per place.
 //
 // A task without a place (enqueued without Producer.Enqueue), or whose place its key
 // moved past already (run again from the archive, say), runs under the lock alone,
@@ -331,7 +336,7 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 			return turn, err
 		}
 		h := turn.Holder
-		reason, running, due := m.holderState(h)
+		reason, running, due, pending := m.holderState(h)
 		*dueAt = due
 		if reason != "" {
 			gap := order.Place{Epoch: p.Epoch, N: turn.Next}
@@ -352,6 +357,9 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 		// ask asynq again.
 		young := !running && h.Age < m.orderGrace && !h.Requeued
 		if left <= 0 || !running && !young && !tk.lastTry {
+			if pending && h.Age >= m.orderGrace {
+				m.stalls.report(ctx, m, tk, turn)
+			}
 			return turn, nil
 		}
 		if young {
@@ -367,35 +375,154 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 
 // holderState says whether the task h that holds a key's next place is gone for
 // good, and why ("archived", "completed", "missing", "abandoned"); else whether it is
-// running, or when it is due if it waits for a retry or its ProcessAt. A task asynq
+// running, or pending in its queue, or when it is due if it waits for a retry or its
+// ProcessAt. A task asynq
 // does not hold counts as missing only once its place is older than OrderGrace. A
 // task that announced it will run again later (Holder.Requeued) is not running,
 // whatever asynq says for the moment before it moves it. When asynq cannot say, the
 // task counts as running, so that a successor waits as it would without the question.
-func (m *middleware) holderState(h order.Holder) (gone string, running bool, due time.Time) {
+func (m *middleware) holderState(h order.Holder) (gone string, running bool, due time.Time, pending bool) {
 	if h.Abandoned {
-		return "abandoned", false, due
+		return "abandoned", false, due, false
 	}
 	if h.TaskID == "" {
-		return "missing", false, due
+		return "missing", false, due, false
 	}
 	info, err := m.tasks.GetTaskInfo(h.Queue, h.TaskID)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 		if h.Age >= m.orderGrace {
-			return "missing", false, due
+			return "missing", false, due, false
 		}
-		return "", false, due
+		return "", false, due, false
 	case err != nil:
-		return "", !h.Requeued, due
+		return "", !h.Requeued, due, false
 	case info.State == asynq.TaskStateArchived:
-		return "archived", false, due
+		return "archived", false, due, false
 	case info.State == asynq.TaskStateCompleted:
-		return "completed", false, due
+		return "completed", false, due, false
 	case info.State == asynq.TaskStateRetry, info.State == asynq.TaskStateScheduled:
 		due = info.NextProcessAt
 	}
-	return "", info.State == asynq.TaskStateActive && !h.Requeued, due
+	return "", info.State == asynq.TaskStateActive && !h.Requeued, due, info.State == asynq.TaskStatePending
+}
+
+// StallError is the Err of an OpOrderStalled event: a key whose next place's task
+// asynq holds pending, in its queue, though the place was taken more than OrderGrace
+// ago. The key waits for it, however long: the task will run once a server reads its
+// queue, and moving past it would run the tasks after it first, which is what InOrder
+// forbids. An operator decides: start a server for the queue, or move the key past
+// the place (the asynqmutex command's order --skip).
+type StallError struct {
+	Key           string        // the key, whole (see LockedError.Key)
+	Place         int64         // the place the key waits for
+	TaskID, Queue string        // its task, as its producer recorded it
+	Age           time.Duration // since the place was taken, on the Redis server's clock
+	// Readers is how many active asynq servers read Queue, as the TaskLookup says
+	// (an *asynq.Inspector can): 0 for a queue nobody reads; -1 when it cannot tell.
+	Readers int
+}
+
+// Error names the key, the place, its task and queue, and why the key waits.
+func (e *StallError) Error() string {
+	why := "is pending"
+	if e.Readers == 0 {
+		why = "is pending in a queue no server reads"
+	}
+	return fmt.Sprintf("asynqmutex: key %s waits for place %d, whose task %s in queue %s %s, %v after the place was taken",
+		shortkey.Show(e.Key), e.Place, shortkey.Quote(e.TaskID), shortkey.Quote(e.Queue), why, e.Age.Round(time.Second))
+}
+
+// stallWatch reports keys stalled behind a pending task (see StallError): an event
+// for each task sent back behind one, a Warn line once per place and process.
+type stallWatch struct {
+	mu      sync.Mutex
+	logged  map[string]bool             // key and place, once logged
+	readers map[string]queueReadersSeen // by queue
+}
+
+// queueReadersSeen is how many servers read a queue, when last asked.
+type queueReadersSeen struct {
+	n  int
+	at time.Time
+}
+
+// stallLogKeep bounds the places stallWatch remembers having logged; past it, it
+// forgets them all, and logs each stalled place once more.
+const stallLogKeep = 1024
+
+// readersTTL is how long stallWatch trusts what asynq said of a queue's servers.
+const readersTTL = 5 * time.Second
+
+// serverLister is what a TaskLookup also is when it can list asynq's servers, as
+// *asynq.Inspector can.
+type serverLister interface {
+	Servers() ([]*asynq.ServerInfo, error)
+}
+
+// report reports that task tk is sent back behind place turn.Next of its key, whose
+// task is pending and older than the grace.
+func (w *stallWatch) report(ctx context.Context, m *middleware, tk *task, turn order.Turn) {
+	h := turn.Holder
+	se := &StallError{Key: tk.key, Place: turn.Next, TaskID: h.TaskID, Queue: h.Queue, Age: h.Age, Readers: w.readersOf(m.tasks, h.Queue)}
+	m.emit(ctx, Event{Op: OpOrderStalled, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Err: se})
+	if !w.firstLog(tk.key, turn.Next) {
+		return
+	}
+	m.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: an ordered key waits for a task that has not started; its later tasks wait with it",
+		slog.String("key", shortkey.Show(tk.key)),
+		slog.Int64("place", turn.Next),
+		slog.String("task_id", shortkey.Shorten(h.TaskID)),
+		slog.String("queue", shortkey.Shorten(h.Queue)),
+		slog.Int("queue_readers", se.Readers),
+		slog.Duration("age", h.Age.Round(time.Second)))
+}
+
+// firstLog reports whether place of key is to be logged: the first time it is asked.
+func (w *stallWatch) firstLog(key string, place int64) bool {
+	id := key + "\x00" + strconv.FormatInt(place, 10)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.logged[id] {
+		return false
+	}
+	if w.logged == nil || len(w.logged) >= stallLogKeep {
+		w.logged = make(map[string]bool)
+	}
+	w.logged[id] = true
+	return true
+}
+
+// readersOf is how many active asynq servers read queue, as tasks says (asked at
+// most every readersTTL per queue); -1 when it cannot say.
+func (w *stallWatch) readersOf(tasks TaskLookup, queue string) int {
+	lister, ok := tasks.(serverLister)
+	if !ok {
+		return -1
+	}
+	w.mu.Lock()
+	seen, ok := w.readers[queue]
+	w.mu.Unlock()
+	if ok && time.Since(seen.at) < readersTTL {
+		return seen.n
+	}
+	servers, err := lister.Servers()
+	if err != nil {
+		return -1
+	}
+	seen = queueReadersSeen{at: time.Now()}
+	for _, s := range servers {
+		if _, reads := s.Queues[queue]; reads && s.Status == "active" {
+			seen.n++
+		}
+	}
+	w.mu.Lock()
+	if w.readers == nil {
+		w.readers = make(map[string]queueReadersSeen)
+	}
+	w.readers[queue] = seen
+	w.mu.Unlock()
+	return seen.n
 }
 
 // sequencer is the Sequencer of the keys of locks: on its Redis client, under its

@@ -103,6 +103,7 @@ type middleware struct {
 	limitOpt  mutex.LockOption   // mutex.Limit(limit)
 	rates     *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 	seq       *order.Sequencer   // with InOrder: on the locks' Redis and prefix
+	stalls    stallWatch         // with InOrder: keys stalled behind a pending task
 	path      []gate             // gates(): what every task passes before its handler
 }
 

@@ -649,7 +649,8 @@ func TestMiddlewareEvents(t *testing.T) {
 	assert.Equal(t, "pay x", tk[0].TaskType, "the task type cleaned as mutex.HeldBy cleans it")
 	assert.Equal(t, err, tk[0].Err)
 	assert.Equal(t, "bad_input", OpBadInput.String())
-	assert.Equal(t, "op(9)", Op(9).String())
+	assert.Equal(t, "order_stalled", OpOrderStalled.String())
+	assert.Equal(t, "op(99)", Op(99).String())
 }
 
 func TestMiddlewareSeveralKeys(t *testing.T) {

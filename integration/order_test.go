@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -830,6 +833,107 @@ func TestOrderAfterLockRedisLosesWrites(t *testing.T) {
 				if n, first := log.outOfOrder(); n > 0 {
 					t.Errorf("%d pairs ran out of order; first: %s", n, first)
 				}
+			}
+		})
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestOrderStalledBehindPendingTask: a key's first task goes to a queue no server
+// reads; the key's next task, on a queue that is read, is sent back behind it for as
+// long as it stays so (the key does not move past a task that will run), and each
+// time it is, an OpOrderStalled event names the place, its task, its queue and that
+// no server reads it; a Warn line says so once. Control: with a server that reads
+// the queue, busy with another task, the stall is reported as a task merely pending.
+func TestOrderStalledBehindPendingTask(t *testing.T) {
+	t.Parallel()
+	const grace = time.Second
+	for _, read := range []bool{false, true} {
+		t.Run(fmt.Sprintf("queue read=%v", read), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			log := newOrderLog()
+			var logged lockedBuffer
+			opts := []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+				asynqmutex.InOrder(e.insp), asynqmutex.OrderGrace(grace), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
+				asynqmutex.Observe(log.observe), asynqmutex.Logger(slog.New(slog.NewTextHandler(&logged, nil)))}
+			locks := mutex.New(e.rdb)
+			prod := asynqmutex.NewProducer(locks, e.cli, opts...)
+			release := make(chan struct{})
+			t.Cleanup(func() { close(release) })
+			if read {
+				// A server that reads "critical", busy with a task that holds its only
+				// worker until the test ends.
+				busy := asynq.NewServeMux()
+				busy.HandleFunc("blocker", func(ctx context.Context, _ *asynq.Task) error {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return nil
+				})
+				busy.HandleFunc(orderedType, log.handler)
+				busy.Use(asynqmutex.Middleware(locks, opts...))
+				startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 1, Queues: map[string]int{"critical": 1}}), busy)
+				info, err := e.cli.Enqueue(asynq.NewTask("blocker", nil), asynq.Queue("critical"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				waitState(t, e.insp, "critical", info.ID, asynq.TaskStateActive, 10*time.Second)
+			}
+			first, err := prod.Enqueue(context.Background(), asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k", Seq: 0})), asynq.Queue("critical"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := prod.Enqueue(context.Background(), asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k", Seq: 1}))); err != nil {
+				t.Fatal(err)
+			}
+			mux := asynq.NewServeMux()
+			mux.HandleFunc(orderedType, log.handler)
+			mux.Use(asynqmutex.Middleware(locks, opts...))
+			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2, Queues: map[string]int{"default": 1}}), mux)
+
+			waitFor(t, 10*grace+10*time.Second, "the second task sent back twice behind a stalled place", func() (bool, string) {
+				n := len(log.eventsOf(asynqmutex.OpOrderStalled))
+				return n >= 2, fmt.Sprintf("%d stall events", n)
+			})
+			if n := log.done(); n != 0 {
+				t.Fatalf("%d tasks ran, want none: the key waits for its first task", n)
+			}
+			for _, ev := range log.eventsOf(asynqmutex.OpOrderStalled) {
+				var se *asynqmutex.StallError
+				if !errors.As(ev.Err, &se) {
+					t.Fatalf("OpOrderStalled's Err = %v, want a *StallError", ev.Err)
+				}
+				if se.Place != 1 || se.TaskID != first.ID || se.Queue != "critical" || se.Age < grace {
+					t.Errorf("stall %+v, want place 1, task %s in queue critical, older than %v", se, first.ID, grace)
+				}
+				if wantUnread := !read; (se.Readers == 0) != wantUnread {
+					t.Errorf("stall with %d readers of its queue: %v; want no reader %v", se.Readers, se, wantUnread)
+				}
+			}
+			if n := strings.Count(logged.String(), "an ordered key waits for a task that has not started"); n != 1 {
+				t.Errorf("logged the stall %d times, want once per place: %s", n, logged.String())
+			}
+			if !strings.Contains(logged.String(), "queue=critical") {
+				t.Errorf("the log line names no queue: %s", logged.String())
 			}
 		})
 	}

@@ -82,6 +82,7 @@ type Collector struct {
 	pauses          *prometheus.CounterVec   // task_type
 	outOfTurn       *prometheus.CounterVec   // task_type, policy
 	orderSkipped    *prometheus.CounterVec   // task_type, reason
+	orderStalled    *prometheus.CounterVec   // task_type, queue_read
 	outOfOrder      *prometheus.CounterVec   // task_type
 	wakeupLost      prometheus.Counter
 	wakeupRecovered prometheus.Counter
@@ -144,6 +145,8 @@ func New(opts ...Option) *Collector {
 			"Number of tasks not run because an earlier task of their key had not finished (InOrder); broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
 		orderSkipped: counterVec("order_places_skipped_total",
 			"Number of places a key moved past without their task finishing (InOrder); broken down by task type and reason (failed, archived, completed, missing, abandoned).", "task_type", "reason"),
+		orderStalled: counterVec("task_order_stalled_total",
+			"Number of tasks sent back behind a place whose task had been pending for longer than OrderGrace (InOrder); broken down by task type and whether a server reads that task's queue (yes, no, unknown).", "task_type", "queue_read"),
 		outOfOrder: counterVec("task_out_of_order_total",
 			"Number of tasks run under their lock alone, outside their key's order (InOrder): no place, or a place their key had moved past; broken down by task type.", "task_type"),
 		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{
@@ -157,7 +160,7 @@ func New(opts ...Option) *Collector {
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
 		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.limited, c.rateWait, c.pauses,
-		c.outOfTurn, c.orderSkipped, c.outOfOrder, c.wakeupLost, c.wakeupRecovered}
+		c.outOfTurn, c.orderSkipped, c.orderStalled, c.outOfOrder, c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -244,6 +247,8 @@ func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
 		c.orderSkipped.WithLabelValues(c.taskType(e.TaskType), gapReason(e.Err)).Inc()
 	case asynqmutex.OpOutOfOrder:
 		c.outOfOrder.WithLabelValues(c.taskType(e.TaskType)).Inc()
+	case asynqmutex.OpOrderStalled:
+		c.orderStalled.WithLabelValues(c.taskType(e.TaskType), queueRead(e.Err)).Inc()
 	}
 }
 
@@ -252,6 +257,19 @@ func (c *Collector) waitEnded(e mutex.Event, taskType string) {
 	if e.Contended {
 		c.waiters.WithLabelValues(taskType).Dec()
 	}
+}
+
+// queueRead says of err, an OpOrderStalled event's *StallError, whether a server
+// reads the queue of the task its key waits for: "yes", "no" or "unknown".
+func queueRead(err error) string {
+	var se *asynqmutex.StallError
+	switch {
+	case !errors.As(err, &se) || se.Readers < 0:
+		return "unknown"
+	case se.Readers == 0:
+		return "no"
+	}
+	return "yes"
 }
 
 // gapReason is the reason of err, an OpOrderSkipped event's *GapError, as a label

@@ -321,25 +321,31 @@ func (r *Runner) scanNode(ctx context.Context, node redis.UniversalClient, match
 }
 
 // scanCalls runs s on each of keys, found by a SCAN of node, in one pipeline. When
-// the first call found the function or the script missing, or functions unavailable,
-// it loads what was missing or turns to EVALSHA, and sends the pipeline again: at most
-// twice (FCALL, then EVALSHA, then EVALSHA with the script loaded).
+// the first call found the function missing, or functions unavailable, or the script
+// not cached, it loads the library or turns to EVALSHA, or sends the script's source
+// by EVAL (which caches it, as Run's EVALSHA does: a user whose ACL allows EVAL but
+// not SCRIPT LOAD may scan too), and sends the pipeline again: at most twice (FCALL,
+// then EVALSHA, then EVAL).
 func (r *Runner) scanCalls(ctx context.Context, node redis.UniversalClient, keys []string, s *Script, keysOf func(string) []string, args []any) ([]*redis.Cmd, error) {
 	cmds := make([]*redis.Cmd, len(keys))
+	eval := false // send the source: the script was not cached
 	for attempt := 0; ; attempt++ {
 		fcall := s.lib != nil && !r.evalOnly.Load()
 		pipe := node.Pipeline()
 		for i, k := range keys {
-			if fcall {
+			switch {
+			case eval:
+				cmds[i] = s.s.Eval(ctx, pipe, keysOf(k), args...)
+			case fcall:
 				cmds[i] = pipe.FCall(ctx, s.fn, keysOf(k), args...)
-			} else {
+			default:
 				cmds[i] = s.s.EvalSha(ctx, pipe, keysOf(k), args...)
 			}
 		}
 		_, _ = pipe.Exec(ctx)
 		err := cmds[0].Err()
 		switch {
-		case attempt == 2:
+		case attempt == 2 || eval:
 			return cmds, nil
 		case fcall && functionMissing(err):
 			if lerr := loadOn(ctx, node, s.lib); lerr != nil && !r.refused(lerr) {
@@ -348,9 +354,7 @@ func (r *Runner) scanCalls(ctx context.Context, node redis.UniversalClient, keys
 		case fcall && functionsUnavailable(err):
 			r.evalOnly.Store(true)
 		case !fcall && redis.HasErrorPrefix(err, "NOSCRIPT"):
-			if err := s.s.Load(ctx, node).Err(); err != nil {
-				return nil, err
-			}
+			eval = true
 		default:
 			return cmds, nil
 		}

@@ -262,6 +262,28 @@ func TestFunctions(t *testing.T) {
 		assert.Equal(t, 3, n)
 		assert.True(t, s.fcall == 0 && s.eval >= 3 && s.refusedFCall == 3, "a refused pipeline, then EVALSHA: %v", s)
 	})
+
+	// The rules docs/operating.md gives an operator allow EVALSHA and EVAL, not SCRIPT
+	// LOAD: a scan that finds its script not cached sends the source.
+	t.Run("scan by EVAL for a user who may not load scripts", func(t *testing.T) {
+		require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "lister", "reset", "on", ">secret", "~storetest:*", "-@all",
+			"+evalsha", "+eval", "+ping", "+hello", "+get", "+scan").Err())
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "lister", Password: "secret"})
+		t.Cleanup(func() { _ = c.Close() })
+		require.NoError(t, admin.ScriptFlush(ctx).Err())
+		r := New(c)
+		var n int
+		require.NoError(t, r.scan(ctx, "storetest:scan:*", "", testGet, func(k string) []string { return []string{k} }, nil,
+			func(_ string, cmd *redis.Cmd) bool {
+				if assert.NoError(t, cmd.Err()) {
+					n++
+				}
+				return true
+			}))
+		assert.Equal(t, 3, n, "every key read")
+		// Control: the user may not load the script, as the scan would have it do.
+		assert.ErrorContains(t, testGet.s.Load(ctx, c).Err(), "NOPERM")
+	})
 }
 
 // TestMiniredisFallsBack: miniredis has no functions; every call goes by EVALSHA.

@@ -20,7 +20,9 @@ import (
 // context is never cancelled, and the key is free once the task is done.
 func TestLongHandlerKeepsLock(t *testing.T) {
 	t.Parallel()
-	const ttl, work = 300 * time.Millisecond, 1500 * time.Millisecond
+	// A lease long enough that a renewal every ttl/3 survives a busy machine's stalls,
+	// and a handler five leases long.
+	const ttl, work = time.Second, 5 * time.Second
 	ctx := context.Background()
 	e := newEnv(t)
 	key := lockKey(t, "report", "r6")

@@ -20,6 +20,7 @@
 //	asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
 //	asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
 //	asynqmutex [flags] order [--skip N] KEY | --task TYPE [VALUE...]
+//	asynqmutex [flags] order --blocked [--asynq_uri ADDR]
 //	asynqmutex help
 //
 // list prints every held lock under the prefix, sorted by key: its holder (the task
@@ -61,6 +62,16 @@
 // order is reported with the ordered keys of its task type, and exits with status
 // 1. order --skip N moves the key past its next place, N, whose task will not come.
 //
+// order --blocked lists every ordered key whose next place's task is not running,
+// sorted by key: the place, the places not finished, the task it waits for, how long
+// ago that task took its place, and why, as asynq's Inspector says (pending, scheduled
+// or waiting for a retry in a queue no running server reads; pending behind other
+// tasks; due at a time; archived, completed, not in asynq or abandoned, which the key
+// moves past when its next task asks). A key whose task runs is left out. A key whose
+// task is still to run in a queue no server reads is stuck: it will not move on by
+// itself, and the command exits with status 1, naming the order --skip that moves
+// it on. asynq's Redis is the one connected to, or the one --asynq_uri names.
+//
 // A KEY is the lock key as the lock was taken on, for the middleware the JSON array
 // of the task type and the On fields: '["payment:capture","c-42"]' (quote it for
 // the shell); a rate limit's key is named the same way. --task builds that key the
@@ -91,6 +102,9 @@
 //	    --every D          pause: the spacing of the key's starts (100ms)
 //	    --burst N          pause: the key's burst (default 1 with --every)
 //	    --skip N           order: move the key past its next place, N
+//	    --blocked          order: list the ordered keys whose next task is not running
+//	    --asynq_uri ADDR   order --blocked: asynq's Redis, when not the locks' one:
+//	                       host:port, or a redis://, rediss:// or unix:// URL
 //
 // Without --uri and --cluster, the address comes from the environment variable
 // REDIS_URL (redis://[user:password@]host:port[/db] or rediss:// for TLS) when it is
@@ -100,12 +114,16 @@
 // With --json, durations are in milliseconds (lease_left_ms is -1 for a key without
 // expiry), times are RFC 3339, and no lock token is ever printed. A rate key's
 // times to wait (next_ms, reset_ms, paused_ms) are rounded up, so that 0 means now;
-// its interval_ms keeps microseconds as a fraction.
+// its interval_ms keeps microseconds as a fraction. order --blocked prints an array,
+// one object per key: key, digested, redis_key, place, waiting, task_id, queue,
+// age_ms, state (asynq's task state, or not_in_asynq, abandoned, no_task), due,
+// queue_served, stuck and reason.
 //
 // Exit status: 0 on success, 1 when Redis could not be reached or answered with an
 // error, or the key asked for was not found (show, rate, order; with --json the
 // document is printed too), or release found nothing to release, resume no pause,
-// order --skip not that place, 2 for a usage error.
+// order --skip not that place, or order --blocked a stuck key (its list is printed
+// too), 2 for a usage error.
 //
 // Examples:
 //
@@ -120,6 +138,7 @@
 //	asynqmutex pause --for 30s --task email:send t-1
 //	asynqmutex pause --for 5m --every 600ms --burst 5 '["payment:capture","c-42"]'
 //	asynqmutex resume --task email:send t-1
+//	asynqmutex order --blocked --json
 package main
 
 import (

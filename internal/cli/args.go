@@ -24,10 +24,12 @@ type invocation struct {
 	uri, password, clusterAddrs, tlsServer, prefix, task string
 	db                                                   int
 	cluster, tls, insecure, json, force, help            bool
+	asynqURI                                             string // order --blocked: --asynq_uri, asynq's Redis
 
 	every, pauseFor time.Duration // pause: --every and --for
 	burst           int           // pause: --burst
 	skip            int64         // order: --skip, the place to move the key past
+	blocked         bool          // order: --blocked, list the keys whose next task is not running
 
 	set map[string]bool // flags given on the command line, by long name
 }
@@ -66,6 +68,8 @@ func (inv *invocation) flagSet() *flag.FlagSet {
 	fs.IntVar(&inv.burst, "burst", 0, "")
 	fs.DurationVar(&inv.pauseFor, "for", 0, "")
 	fs.Int64Var(&inv.skip, "skip", 0, "")
+	fs.BoolVar(&inv.blocked, "blocked", false, "")
+	fs.StringVar(&inv.asynqURI, "asynq_uri", "", "")
 	return fs
 }
 
@@ -166,6 +170,9 @@ func (inv *invocation) validate() error {
 	if inv.set["skip"] && inv.skip < 1 {
 		return usagef("--skip %d: give the place to move the key past, as order shows it (1 or more)", inv.skip)
 	}
+	if err := inv.validateBlocked(); err != nil {
+		return err
+	}
 	if inv.force && inv.cmd != "release" {
 		return usagef("--force goes with release only")
 	}
@@ -184,6 +191,24 @@ func (inv *invocation) validate() error {
 		}
 	} else if inv.set["cluster_addrs"] {
 		return usagef("--cluster_addrs needs --cluster")
+	}
+	return nil
+}
+
+// validateBlocked checks order --blocked, which lists keys and so takes none, and
+// --asynq_uri, which only it uses.
+func (inv *invocation) validateBlocked() error {
+	switch {
+	case inv.set["blocked"] && inv.cmd != "order":
+		return usagef("--blocked goes with order only")
+	case inv.set["asynq_uri"] && !inv.blocked:
+		return usagef("--asynq_uri goes with order --blocked only")
+	case !inv.blocked:
+		return nil
+	case inv.set["skip"]:
+		return usagef("--blocked lists the blocked keys and --skip moves one on: give one of them")
+	case inv.set["task"] || len(inv.args) > 0:
+		return usagef("order --blocked lists every blocked key and takes no KEY or --task; to see one key, run 'asynqmutex order KEY'")
 	}
 	return nil
 }
@@ -212,10 +237,11 @@ func (inv *invocation) validatePause() error {
 	return nil
 }
 
-// targetKey returns the key show, release, rate, pause and resume act on: the
-// argument, or with --task the key On derives. It returns "" for list and rates.
+// targetKey returns the key show, release, rate, pause, resume and order act on:
+// the argument, or with --task the key On derives. It returns "" for list, rates
+// and order --blocked.
 func (inv *invocation) targetKey() (string, error) {
-	if inv.cmd == "list" || inv.cmd == "rates" {
+	if inv.cmd == "list" || inv.cmd == "rates" || inv.blocked {
 		return "", nil
 	}
 	if inv.set["task"] {

@@ -91,6 +91,15 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 		return err
 	}
 	defer conn.close()
+	tasks := conn // order --blocked: asynq's Redis
+	if inv.blocked {
+		if tasks, err = conn.connectAsynq(inv); err != nil {
+			return err
+		}
+		if tasks != conn {
+			defer tasks.close()
+		}
+	}
 	if err := conn.check(ctx); err != nil {
 		return err
 	}
@@ -109,6 +118,9 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 	case "pause":
 		return conn.explain(pause(ctx, conn.rates, inv, key, out, stderr))
 	case "order":
+		if inv.blocked {
+			return orderBlocked(ctx, conn, tasks, out, stderr)
+		}
 		if inv.set["skip"] {
 			return conn.explain(orderSkip(ctx, conn.orders, key, inv.skip, out, stderr))
 		}
@@ -133,6 +145,7 @@ Usage:
   asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
   asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
   asynqmutex [flags] order [--skip N] KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] order --blocked [--asynq_uri ADDR]
   asynqmutex help
 
 Commands:
@@ -159,7 +172,14 @@ Commands:
            the task that holds it (ID, queue, how long ago it took its place),
            places taken and not finished, places skipped. With --skip N, move
            the key past its next place N, whose task will not come (the workers
-           do so themselves by docs/order.md's rules)
+           do so themselves by docs/order.md's rules). With --blocked, every
+           ordered key whose next place's task is not running, sorted by key: the
+           place, places not finished, the task it waits for, how long ago it
+           took its place, and why, as asynq says: pending or scheduled in a queue
+           no server reads (stuck: it will not move on by itself), pending behind
+           a backlog, waiting for a retry, archived, completed, not in asynq,
+           abandoned. A key whose task is running is left out. asynq's Redis is
+           the one connected to, unless --asynq_uri names another
 
 Keys:
   KEY is the key the lock was taken on; for the middleware the JSON array of the
@@ -200,6 +220,10 @@ Flags (before or after the command):
                          N a minute)
       --burst N          pause: the key's burst (default 1 with --every)
       --skip N           order: move the key past its next place, N
+      --blocked          order: list the ordered keys whose next task is not running
+      --asynq_uri ADDR   order --blocked: asynq's Redis, when not the locks' one:
+                         host:port, or a redis://, rediss:// or unix:// URL (its
+                         password, database and TLS in the URL)
   -h, --help             print this help
 
 Environment:
@@ -208,9 +232,18 @@ Environment:
 
 Exit status: 0 success, 1 Redis unreachable or failing, or the key not found
 (show: nobody holds it; rate: Redis remembers nothing of it; order: it has no
-order), or nothing to release, resume or skip, 2 usage error. With --json,
-show, rate, order, release and resume print their document also when they exit
-1 for the key.
+order), or nothing to release, resume or skip, or order --blocked found a stuck
+key (its task in a queue no server reads; other blocked keys exit 0), 2 usage
+error.
+With --json, show, rate, order, release and resume print their document also
+when they exit 1 for the key, and order --blocked its array.
+
+order --blocked --json prints an array, one object per key: key, digested,
+redis_key, place, waiting (places not finished), task_id, queue, age_ms (since
+the place was taken), state (asynq's: pending, scheduled, retry, aggregating,
+active, archived, completed; or not_in_asynq, abandoned, no_task), due
+(scheduled and retry), queue_served (a running server reads the queue), stuck,
+reason.
 
 Examples:
   asynqmutex list
@@ -225,4 +258,5 @@ Examples:
   asynqmutex resume --task payment:capture c-42
   asynqmutex order --task transfer acct-7
   asynqmutex order --skip 2 --task transfer acct-7
+  asynqmutex order --blocked --asynq_uri redis://asynq.internal:6379/1
 `

@@ -109,6 +109,12 @@ func singleOptions(inv *invocation, env func(string) string, c *conn) (*redis.Op
 		}
 	}
 	c.from = from
+	return parseAddr(uri, from)
+}
+
+// parseAddr reads uri, host:port or a redis://, rediss:// or unix:// URL, that from
+// (a flag or variable, for messages) gave.
+func parseAddr(uri, from string) (*redis.Options, error) {
 	if !strings.Contains(uri, "://") {
 		if _, _, err := net.SplitHostPort(uri); err != nil {
 			return nil, usagef("%s: %s is not host:port or a redis:// URL", from, uri)
@@ -126,8 +132,28 @@ func singleOptions(inv *invocation, env func(string) string, c *conn) (*redis.Op
 	return opt, nil
 }
 
+// connectAsynq returns the connection to asynq's Redis that --asynq_uri names, a
+// single node, or c itself without the flag: asynq's queues in the Redis of the
+// locks. It does no I/O.
+func (c *conn) connectAsynq(inv *invocation) (*conn, error) {
+	if !inv.set["asynq_uri"] {
+		return c, nil
+	}
+	opt, err := parseAddr(inv.asynqURI, "--asynq_uri")
+	if err != nil {
+		return nil, err
+	}
+	if opt.DialTimeout == 0 {
+		opt.DialTimeout = dialTimeout
+	}
+	return &conn{rdb: redis.NewClient(opt), tls: opt.TLSConfig != nil, where: opt.Addr, from: "--asynq_uri",
+		db: opt.DB, dbFrom: "--asynq_uri"}, nil
+}
+
 func (c *conn) close() {
-	_ = c.locks.Close()
+	if c.locks != nil {
+		_ = c.locks.Close()
+	}
 	_ = c.rdb.Close()
 }
 

@@ -250,22 +250,12 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 		next, ferr = m.seq.Finish(fctx, tk.key, pl.Place, how)
 	default:
 		if _, rerr := pl.later.Result(fctx); rerr != nil { // a Requeue no call carried
-			m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not tell the tasks waiting for a task's turn that it will run again later; they wait for it until their MaxWait",
-				slog.String("task_type", shortkey.Shorten(tk.Type())),
-				slog.String("task_id", shortkey.Shorten(tk.meta.id)),
-				slog.String("key", shortkey.Show(tk.key)),
-				slog.Int64("place", pl.N),
-				slog.String("error", oneLine(rerr)))
+			m.placeWarn(fctx, tk, "asynqmutex: could not tell the tasks waiting for a task's turn that it will run again later; they wait for it until their MaxWait", rerr)
 		}
 		return
 	}
 	if ferr != nil {
-		m.log().LogAttrs(fctx, slog.LevelWarn, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it",
-			slog.String("task_type", shortkey.Shorten(tk.Type())),
-			slog.String("task_id", shortkey.Shorten(tk.meta.id)),
-			slog.String("key", shortkey.Show(tk.key)),
-			slog.Int64("place", pl.N),
-			slog.String("error", oneLine(ferr)))
+		m.placeWarn(fctx, tk, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it", ferr)
 		return
 	}
 	if pl.reason != "" {
@@ -273,6 +263,17 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 			Err: &GapError{Key: tk.key, Place: pl.N, TaskID: tk.meta.id, Queue: tk.meta.queue, Reason: pl.reason}})
 	}
 	m.abandonedPast(ctx, tk.Type(), tk.key, pl.N, next)
+}
+
+// placeWarn logs msg at Warn about the place of task tk, which Redis could not
+// update (err).
+func (m *middleware) placeWarn(ctx context.Context, tk *task, msg string, err error) {
+	m.log().LogAttrs(ctx, slog.LevelWarn, msg,
+		slog.String("task_type", shortkey.Shorten(tk.Type())),
+		slog.String("task_id", shortkey.Shorten(tk.meta.id)),
+		slog.String("key", shortkey.Show(tk.key)),
+		slog.Int64("place", tk.place.N),
+		slog.String("error", oneLine(err)))
 }
 
 // abandonedPast reports, as OpOrderSkipped events with the reason "abandoned", the

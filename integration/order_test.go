@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -838,24 +837,6 @@ func TestOrderAfterLockRedisLosesWrites(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestOrderStalledBehindPendingTask: a key's first task goes to a queue no server
 // reads; the key's next task, on a queue that is read, is sent back behind it for as
 // long as it stays so (the key does not move past a task that will run), and each
@@ -870,7 +851,7 @@ func TestOrderStalledBehindPendingTask(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			log := newOrderLog()
-			var logged lockedBuffer
+			var logged redistest.SyncBuffer
 			opts := []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
 				asynqmutex.InOrder(e.insp), asynqmutex.OrderGrace(grace), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
 				asynqmutex.Observe(log.observe), asynqmutex.Logger(slog.New(slog.NewTextHandler(&logged, nil)))}

@@ -1,9 +1,11 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -33,4 +35,25 @@ type stderrLogger struct{}
 
 func (stderrLogger) Printf(_ context.Context, format string, v ...any) {
 	fmt.Fprintf(os.Stderr, "go-redis: "+format+"\n", v...)
+}
+
+// SyncBuffer is a bytes.Buffer that a logger may write to from several goroutines
+// while a test reads it. The zero value is empty and ready to use.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

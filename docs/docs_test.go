@@ -639,3 +639,40 @@ var (
 	_ = migratingRedisMutex
 	_ = migratingRemoteLock
 )
+
+// TestDocsAnswerWhatUsersMet: what users met and the docs now say stays said, where
+// they will look: how many starts a handler may see in one interval, where Rate is
+// introduced; that asynq delivers at least once, beside F6.
+func TestDocsAnswerWhatUsersMet(t *testing.T) {
+	for _, tc := range []struct {
+		file, near, want string
+	}{
+		{"README.md", "| `Rate(n, per)` |", "n + 1"},
+		{"docs/ratelimit.md", "## Headroom", "below"},
+		{"README.md", "| F6 |", "at least once"},
+		{"docs/order.md", "## What breaks order", "appendfsync"},
+	} {
+		src, err := os.ReadFile(filepath.Join(root, tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !saysNear(string(src), tc.near, tc.want) {
+			t.Errorf("%s: nothing within a screen of %q says %q", tc.file, tc.near, tc.want)
+		}
+	}
+	// Control: text that says it elsewhere does not pass.
+	if saysNear("Rate(10, time.Second)"+strings.Repeat("\n", 40)+"n + 1", "Rate(", "n + 1") {
+		t.Error("control: a phrase forty lines away counts as near")
+	}
+}
+
+// saysNear reports whether want stands in the 30 lines from the first line that
+// holds near.
+func saysNear(text, near, want string) bool {
+	i := strings.Index(text, near)
+	if i < 0 {
+		return false
+	}
+	lines := strings.SplitN(text[i:], "\n", 31)
+	return strings.Contains(strings.Join(lines[:min(len(lines), 30)], "\n"), want)
+}

@@ -24,8 +24,11 @@ type sentinelFault struct {
 	// partition needs the proxy between the master and the rest.
 	partition bool
 	// extra: the long mode runs it only for the modes that list it.
-	extra  bool
-	inject func(t testing.TB, ctx context.Context, st *sentinelTopo, ev *faultEvents)
+	extra bool
+	// closesWindow: with WaitReplicas, the fault claims that the deposed master
+	// grants nothing after the promotion (claims.window).
+	closesWindow bool
+	inject       func(t testing.TB, ctx context.Context, st *sentinelTopo, ev *faultEvents)
 }
 
 // waitNamed waits until the first sentinel names a master other than old, and notes
@@ -51,6 +54,12 @@ func failover(t testing.TB, ctx context.Context, st *sentinelTopo) {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
 }
+
+// pauseFor is how long the "paused" fault pauses writes on the master before it
+// asks for the failover: past the time the other replica follows the old master
+// after the promotion (up to the 1 s in which the leading sentinel looks at the
+// promoted replica again, and its reconfiguration of the other one), with margin.
+const pauseFor = 3 * time.Second
 
 // watchSwitch notes when any sentinel publishes +switch-master, which is what a
 // go-redis failover client listens for: it publishes it at the end of the failover,
@@ -102,12 +111,27 @@ var sentinelFaults = []sentinelFault{
 		waitNamed(t, ctx, st, st.proxy.Addr(), ev)
 		time.Sleep(ttl)
 	}},
+	// A planned failover run as a procedure: CLIENT PAUSE WRITE on the master for
+	// longer than the window, then SENTINEL FAILOVER. Paused, the master runs no
+	// script (every lock script may write) and so grants and renews nothing; when
+	// the pause ends the other replica has left it, so that a WAIT there is not
+	// confirmed (with WaitReplicas, its grants are given back). Meanwhile the replica
+	// promoted had every write of the old master.
+	{name: "paused", extra: true, closesWindow: true, inject: func(t testing.TB, ctx context.Context, st *sentinelTopo, ev *faultEvents) {
+		if err := st.master.Client(t).Do(ctx, "CLIENT", "PAUSE", pauseFor.Milliseconds(), "WRITE").Err(); err != nil {
+			t.Fatalf("CLIENT PAUSE: %v", err)
+		}
+		failover(t, ctx, st)
+		waitNamed(t, ctx, st, st.master.Addr(), ev)
+	}},
 }
 
 // sentinelMode is a server configuration the battery measures.
 type sentinelMode struct {
 	name string
 	args []string
+	// sentinel are SENTINEL DEBUG parameters and values set on every sentinel.
+	sentinel []string
 	// claims fail the test when broken. No mode claims safety: asynchronous
 	// replication loses grants in every one (README, F2).
 	claims claims
@@ -172,15 +196,29 @@ var sentinelModes = []sentinelMode{
 	{name: "min-replicas-1-lag-2-sync-delay-0", args: []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "2",
 		"--repl-diskless-sync-delay", "0"}},
 	// Long holds, so that renewals as well as grants fall in the window (see
-	// nodes_test.go): without a wait, and waiting for one replica.
+	// nodes_test.go): without a wait, waiting for one replica, and for both.
 	{name: "async-holds", args: syncDelay0, load: longHolds, long: []string{"graceful"}},
-	{name: "wait-1-holds", args: syncDelay0, waitReplicas: 1, load: longHolds, long: []string{"graceful"}},
+	{name: "wait-1-holds", args: syncDelay0, waitReplicas: 1, load: longHolds, long: []string{"graceful", "paused"}},
+	// With two replicas, WAIT 2 is confirmed only while both follow the master that
+	// wrote: never on a deposed master after the promotion (one of its two replicas
+	// was promoted), and on the new master only once the deposed one follows it,
+	// which the sentinels order (+convert-to-slave) 4 publish periods after they
+	// first saw it answer as a master, at their next INFO (every 10 s).
+	{name: "wait-2-holds", args: syncDelay0, waitReplicas: 2, load: longHolds, long: []string{"graceful"},
+		claims: claims{window: true}},
+	{name: "wait-2-holds-sentinel-debug", args: syncDelay0, sentinel: sentinelDebug, waitReplicas: 2, load: longHolds,
+		long: []string{"graceful"}, claims: claims{window: true}},
 }
+
+// sentinelDebug shortens the sentinels' wait before they turn a deposed master into
+// a replica: INFO every second rather than 10, and hello messages every 500 ms
+// rather than 2 s (the wait is four of them).
+var sentinelDebug = []string{"info-period", "1000", "publish-period", "500"}
 
 // sentinelRound starts a fresh deployment and runs one failover of fault on it.
 func sentinelRound(t *testing.T, mode sentinelMode, f sentinelFault, control func(*roundConfig, *sentinelTopo)) roundResult {
 	t.Helper()
-	st := startSentinelTopo(t, sentinelConfig{ServerArgs: mode.args, ViaProxy: f.partition})
+	st := startSentinelTopo(t, sentinelConfig{ServerArgs: mode.args, ViaProxy: f.partition, Debug: mode.sentinel})
 	load := mode.load
 	if load.Procs == 0 {
 		load = shortSections
@@ -235,6 +273,7 @@ func TestSentinelFailover(t *testing.T) {
 			}
 			name := mode.name + "/" + f.name
 			cl := mode.claims
+			cl.window = cl.window || (f.closesWindow && mode.waitReplicas > 0)
 			t.Run(name, func(t *testing.T) {
 				c := &cell{name: name}
 				for i := range rounds {

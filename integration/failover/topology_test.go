@@ -53,6 +53,8 @@ type sentinelConfig struct {
 	ServerArgs []string
 	// ViaProxy puts a proxy between the master and its replicas and sentinels.
 	ViaProxy bool
+	// Debug are SENTINEL DEBUG parameters and values set on every sentinel.
+	Debug []string
 }
 
 // startSentinelTopo starts a master, two replicas and three sentinels and returns
@@ -86,6 +88,14 @@ func startSentinelTopo(t testing.TB, cfg sentinelConfig) *sentinelTopo {
 	}
 	for _, addr := range st.sentinels {
 		c := sentinelClient(t, addr)
+		if len(cfg.Debug) > 0 {
+			dc := redis.NewClient(&redis.Options{Addr: addr})
+			err := dc.Do(ctx, append([]any{"SENTINEL", "DEBUG"}, toAny(cfg.Debug)...)...).Err()
+			_ = dc.Close()
+			if err != nil {
+				t.Fatalf("SENTINEL DEBUG %v on %s: %v", cfg.Debug, addr, err)
+			}
+		}
 		waitFor(t, ctx, "sentinel "+addr+" knows the replicas and the other sentinels", func() (bool, string) {
 			m, err := c.Master(ctx, masterName).Result()
 			return err == nil && m["num-slaves"] == "2" && m["num-other-sentinels"] == "2", fmt.Sprint(m, err)
@@ -186,6 +196,14 @@ func (st *sentinelTopo) nodes() []string {
 	out := []string{st.master.Addr()}
 	for _, r := range st.replicas {
 		out = append(out, r.Addr())
+	}
+	return out
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
 	}
 	return out
 }

@@ -474,7 +474,7 @@ func (c *cell) String() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %d rounds; %v; overlaps in %d rounds; leases lost %d; stranded grants %d; deposed master's grants after the promotion %d; "+
-		"after the fault: promoted replica's ROLE master %s, other replicas left the old master %s (window %s), sentinels named it %s, clients told %s, old master's ROLE lists no replica %s, old master demoted %s",
+		"after the fault: promoted replica's ROLE master %s, other replicas left the old master %s (window %s), new master named %s, clients told %s, old master's ROLE lists no replica %s, old master demoted %s",
 		c.name, len(c.rounds), tl, roundsWith, lost, strand, deposed,
 		span(promoted), span(left), span(window), span(named), span(sw), span(alone), span(demote))
 	if unconfirmed > 0 {
@@ -527,7 +527,7 @@ func judge(t *testing.T, name string, r roundResult, claims claims) {
 		return d.Round(time.Millisecond).String()
 	}
 	t.Logf("%s: %d sections, errors %v, leases lost %d; %v; stranded grants %d; deposed master's grants after the promotion %d; "+
-		"after the fault: promoted replica's ROLE master %v, other replicas left the old master %v (window %v), sentinels named it %v, clients told %v, old master's ROLE lists no replica %v, old master demoted %v; "+
+		"after the fault: promoted replica's ROLE master %v, other replicas left the old master %v (window %v), new master named %v, clients told %v, old master's ROLE lists no replica %v, old master demoted %v; "+
 		"longest gap without a grant %v, closed %v after the fault; fences compared on %d keys; round %v",
 		name, r.Sections, r.Errors, r.LeasesLost, r.Tally, r.StrandedGrants, r.DeposedGrants,
 		ms(r.Promoted), ms(r.Left), ms(r.Window), ms(r.Named), ms(r.Switch), ms(r.Alone), ms(r.Demote),

@@ -60,9 +60,18 @@ type roundConfig struct {
 	// Fault injects the failover; it returns when the fault is over (a stopped
 	// server continued, a partition healed) and reports the times it saw.
 	Fault func(t testing.TB, ctx context.Context, ev *faultEvents)
-	// OldMaster is the address of the master the fault hits; a poller notes when it
-	// stops answering ROLE with "master".
-	OldMaster string
+	// OldMaster is the address of the master the fault hits; OldAliases are other
+	// names the replicas may follow it by (the proxy of a partition). A probe
+	// connected to it directly takes a key of its own all round (ProbeKeys["deposed"],
+	// or "probe:deposed"), with the workers' WaitReplicas: its grants after the
+	// promotion are the deposed master's.
+	OldMaster  string
+	OldAliases []string
+	// Nodes are every redis-server of the group (the old master and its replicas),
+	// whose ROLE the node monitor samples.
+	Nodes []string
+	// Hold is how long a section holds the lock, drawn between the two (zero: 1-3 ms).
+	Hold [2]time.Duration
 	// Probes reach the deployment as the workers do, with and without the tuned
 	// options, to time how long locking is unavailable.
 	Probes map[string]connSpec
@@ -79,7 +88,7 @@ type roundConfig struct {
 // faultEvents are the times (now() values) a fault reports; 0 when not seen.
 type faultEvents struct {
 	mu       sync.Mutex
-	Promoted int64 // the deployment named a new master (a sentinel's get-master-addr, a replica's ROLE)
+	Named    int64 // the deployment named a new master (a sentinel's get-master-addr, a replica's ROLE)
 	Switched int64 // clients were told: Sentinel's +switch-master, the cluster's slots moved
 }
 
@@ -106,8 +115,14 @@ type roundResult struct {
 	Sections        int
 	LeasesLost      int
 	Errors          map[errKind]int
-	StrandedGrants  int                      // grants to the stranded worker after the promotion
-	Promote         time.Duration            // fault -> a new master named
+	StrandedGrants  int                      // grants to the stranded worker after a new master was named
+	DeposedGrants   int                      // grants to the deposed probe that began after the promotion (ROLE)
+	DeposedLate     int                      // of those, grants that began after the other replicas had left the old master
+	Waited          bool                     // the clients wait for replicas (WaitReplicas)
+	Named           time.Duration            // fault -> a new master named (a sentinel's get-master-addr)
+	Promoted        time.Duration            // fault -> the promoted replica's ROLE says master (-1: not seen)
+	Left            time.Duration            // fault -> no other replica streams from the old master (-1: not seen)
+	Window          time.Duration            // Promoted -> Left (-1: not seen)
 	Switch          time.Duration            // fault -> clients told
 	Demote          time.Duration            // fault -> the old master no longer says it is master (-1: still master at the end)
 	Alone           time.Duration            // fault -> the old master's ROLE lists no replica (-1: not seen)
@@ -125,7 +140,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 	ref, refAddr := startReferee(t)
 	var workers []*worker
 	spec := func(id int, conn connSpec) workerSpec {
-		return workerSpec{ID: id, Conn: conn, RefereeAddr: refAddr, Keys: cfg.Keys, TTL: ttl,
+		return workerSpec{ID: id, Conn: conn, RefereeAddr: refAddr, Keys: cfg.Keys, TTL: ttl, Hold: cfg.Hold,
 			Goroutines: cfg.Goroutines, MaxSections: 100_000, Lifetime: 2 * time.Minute}
 	}
 	for i := range cfg.Procs {
@@ -144,8 +159,13 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		workers = append(workers, startWorker(t, spec(strandedID, connSpec{Kind: "direct", Addrs: []string{cfg.Stranded}, WaitReplicas: cfg.Conn.WaitReplicas})))
 	}
 	probes := startProbes(t, cfg.Probes, cfg.ProbeKeys)
-	demoted := watchRole(cfg.OldMaster)
-	defer demoted() // when the round fails before it reads it
+	direct := map[string]connSpec{}
+	if cfg.OldMaster != "" {
+		direct["deposed"] = connSpec{Kind: "direct", Addrs: []string{cfg.OldMaster}, WaitReplicas: cfg.Conn.WaitReplicas}
+	}
+	deposed := startProbes(t, direct, cfg.ProbeKeys)
+	stopNodes := watchNodes(cfg.Nodes)
+	defer stopNodes() // when the round fails before it reads them
 	// Let every worker take locks for a lease's time before the fault (a fault-free
 	// window in which the lock claims mutual exclusion), then fail the master over.
 	time.Sleep(ttl)
@@ -173,7 +193,8 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		attempts = append(attempts, w.wait(t, time.Minute).Attempts...)
 	}
 	probeRuns := probes.stop()
-	aloneAt, demotedAt := demoted()
+	deposedRuns := deposed.stop()["deposed"]
+	nt := readNodes(stopNodes(), cfg.OldMaster, cfg.OldAliases, faultAt)
 
 	res := roundResult{Tally: ref.tally(t, cfg.Keys), Errors: map[errKind]int{},
 		Recovery: map[string]time.Duration{}, Outage: map[string]time.Duration{}}
@@ -183,8 +204,19 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		}
 		return time.Duration(at - faultAt)
 	}
-	promoted := ev.get(&ev.Promoted)
-	res.Promote, res.Switch, res.Demote, res.Alone = since(promoted), since(ev.get(&ev.Switched)), since(demotedAt), since(aloneAt)
+	named := ev.get(&ev.Named)
+	res.Named, res.Switch = since(named), since(ev.get(&ev.Switched))
+	res.Promoted, res.Left, res.Demote, res.Alone = since(nt.Promoted), since(nt.Left), since(nt.Demoted), since(nt.Alone)
+	res.Window = nt.window()
+	for _, r := range deposedRuns {
+		if r.Granted && nt.Promoted != 0 && r.Start > nt.Promoted {
+			res.DeposedGrants++
+			if nt.Left != 0 && r.Start > nt.Left {
+				res.DeposedLate++
+			}
+		}
+	}
+	res.Waited = cfg.Conn.WaitReplicas > 0
 	before := map[string]int64{} // the highest fence granted before the fault, per key
 	for _, a := range attempts {
 		if a.Kind != kindOK {
@@ -200,7 +232,7 @@ func runRound(t *testing.T, cfg roundConfig) roundResult {
 		if a.Section.Overlap && a.Section.Entered < faultAt {
 			res.PreFaultOverlap++
 		}
-		if a.Worker == strandedID && promoted != 0 && a.Acquired > promoted {
+		if a.Worker == strandedID && named != 0 && a.Acquired > named {
 			res.StrandedGrants++
 		}
 		if a.Acquired < faultAt {
@@ -238,44 +270,6 @@ func fencesRose(attempts []attempt, faultAt int64, before map[string]int64) ([]s
 		}
 	}
 	return bad, len(checked)
-}
-
-// watchRole polls ROLE on addr every 50 ms and returns a func that stops the poller
-// and reports when addr first answered as a master listing no replica (0 if it
-// never did) and when it first answered other than "master" (0 if it never did).
-// The first is what a holder could notice with one cheap command: its master was
-// left alone.
-func watchRole(addr string) func() (alone, demoted int64) {
-	if addr == "" {
-		return func() (int64, int64) { return 0, 0 }
-	}
-	stop := make(chan struct{})
-	var alone, demoted int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, n := roleReplicas(addr, 200*time.Millisecond)
-			if r == "master" && n == 0 && alone == 0 {
-				alone = now()
-			}
-			if r != "" && r != "master" {
-				demoted = now()
-				return
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}()
-	var once sync.Once
-	return func() (int64, int64) {
-		once.Do(func() { close(stop) })
-		<-done
-		return alone, demoted
-	}
 }
 
 // finalFences takes every key once more through a client made after the failover and
@@ -327,7 +321,8 @@ func lockAgain(locks *mutex.Client, key string) (*mutex.Lock, error) {
 // probeRun is one TryLock + Unlock of a probe.
 type probeRun struct {
 	Start, End int64
-	OK         bool
+	Granted    bool // TryLock took the key
+	OK         bool // and Unlock gave it back
 }
 
 type probes struct {
@@ -370,6 +365,7 @@ func startProbes(t testing.TB, conns map[string]connSpec, keys map[string]string
 				pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
 				l, err := locks.TryLock(pctx, key, ttl)
 				if err == nil {
+					r.Granted = true
 					err = l.Unlock(pctx)
 				}
 				pcancel()
@@ -451,8 +447,8 @@ type cell struct {
 
 func (c *cell) String() string {
 	var tl tally
-	var lost, strand, roundsWith, unconfirmed int
-	var promote, sw, demote, alone []time.Duration
+	var lost, strand, deposed, roundsWith, unconfirmed int
+	var named, promoted, left, window, sw, demote, alone []time.Duration
 	rec, out := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for _, r := range c.rounds {
 		tl.Overlaps += r.Tally.Overlaps
@@ -463,11 +459,12 @@ func (c *cell) String() string {
 		lost += r.LeasesLost
 		unconfirmed += r.Errors[kindUnconfirmed]
 		strand += r.StrandedGrants
+		deposed += r.DeposedGrants
 		if r.Tally.Overlaps > 0 {
 			roundsWith++
 		}
-		promote, sw, demote = append(promote, r.Promote), append(sw, r.Switch), append(demote, r.Demote)
-		alone = append(alone, r.Alone)
+		named, promoted, left, window = append(named, r.Named), append(promoted, r.Promoted), append(left, r.Left), append(window, r.Window)
+		sw, demote, alone = append(sw, r.Switch), append(demote, r.Demote), append(alone, r.Alone)
 		for n, d := range r.Recovery {
 			rec[n] = append(rec[n], d)
 		}
@@ -476,8 +473,10 @@ func (c *cell) String() string {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d rounds; %v; overlaps in %d rounds; leases lost %d; stranded grants %d; after the fault: new master %s, clients told %s, old master's ROLE lists no replica %s, old master demoted %s",
-		c.name, len(c.rounds), tl, roundsWith, lost, strand, span(promote), span(sw), span(alone), span(demote))
+	fmt.Fprintf(&b, "%s: %d rounds; %v; overlaps in %d rounds; leases lost %d; stranded grants %d; deposed master's grants after the promotion %d; "+
+		"after the fault: promoted replica's ROLE master %s, other replicas left the old master %s (window %s), new master named %s, clients told %s, old master's ROLE lists no replica %s, old master demoted %s",
+		c.name, len(c.rounds), tl, roundsWith, lost, strand, deposed,
+		span(promoted), span(left), span(window), span(named), span(sw), span(alone), span(demote))
 	if unconfirmed > 0 {
 		fmt.Fprintf(&b, "; grants the replicas did not confirm %d", unconfirmed)
 	}
@@ -516,9 +515,10 @@ func span(ds []time.Duration) string {
 
 // judge fails the test on what no mode tolerates: an overlap while nothing was
 // faulted, a fence that did not rise across the failover, locking that never came
-// back; and on overlaps and lost updates when the mode claims to prevent them.
+// back; and on what the mode claims to prevent (overlaps and lost updates, or the
+// deposed master's grants).
 // Otherwise overlaps, lost updates and stale writes are figures.
-func judge(t *testing.T, name string, r roundResult, claimsSafety bool) {
+func judge(t *testing.T, name string, r roundResult, claims claims) {
 	t.Helper()
 	ms := func(d time.Duration) string {
 		if d < 0 {
@@ -526,8 +526,11 @@ func judge(t *testing.T, name string, r roundResult, claimsSafety bool) {
 		}
 		return d.Round(time.Millisecond).String()
 	}
-	t.Logf("%s: %d sections, errors %v, leases lost %d; %v; stranded grants %d; after the fault: new master %v, clients told %v, old master's ROLE lists no replica %v, old master demoted %v; longest gap without a grant %v, closed %v after the fault; fences compared on %d keys; round %v",
-		name, r.Sections, r.Errors, r.LeasesLost, r.Tally, r.StrandedGrants, ms(r.Promote), ms(r.Switch), ms(r.Alone), ms(r.Demote),
+	t.Logf("%s: %d sections, errors %v, leases lost %d; %v; stranded grants %d; deposed master's grants after the promotion %d; "+
+		"after the fault: promoted replica's ROLE master %v, other replicas left the old master %v (window %v), new master named %v, clients told %v, old master's ROLE lists no replica %v, old master demoted %v; "+
+		"longest gap without a grant %v, closed %v after the fault; fences compared on %d keys; round %v",
+		name, r.Sections, r.Errors, r.LeasesLost, r.Tally, r.StrandedGrants, r.DeposedGrants,
+		ms(r.Promoted), ms(r.Left), ms(r.Window), ms(r.Named), ms(r.Switch), ms(r.Alone), ms(r.Demote),
 		r.Outage, r.Recovery, r.KeysChecked, ms(r.Elapsed))
 	if r.Sections == 0 {
 		t.Errorf("%s: no section ran", name)
@@ -543,7 +546,26 @@ func judge(t *testing.T, name string, r roundResult, claimsSafety bool) {
 			t.Errorf("%s: locking through the %s client never worked again after the fault", name, n)
 		}
 	}
-	if claimsSafety && (r.Tally.Overlaps > 0 || r.Tally.Lost > 0) {
+	if claims.safety && (r.Tally.Overlaps > 0 || r.Tally.Lost > 0) {
 		t.Errorf("%s: %d overlaps and %d lost updates in a mode that claims to prevent them", name, r.Tally.Overlaps, r.Tally.Lost)
 	}
+	if r.Waited && r.DeposedLate > 0 {
+		// With WaitReplicas every grant is confirmed by a replica: one that began after
+		// the node monitor saw the last replica leave the deposed master means the
+		// monitor missed a replica that still followed it.
+		t.Errorf("%s: the deposed master granted %d confirmed locks after its replicas had left it, by the node monitor: the window it measures is too short",
+			name, r.DeposedLate)
+	}
+	if claims.window && r.DeposedGrants > 0 {
+		t.Errorf("%s: the deposed master granted %d locks after the promotion, in a mode that claims to close the window", name, r.DeposedGrants)
+	}
+}
+
+// claims are what a mode says it prevents; what it does not claim is a figure.
+type claims struct {
+	// safety: no overlap, no lost update after the fault.
+	safety bool
+	// window: no lock granted by the deposed master after the promotion, to the probe
+	// that talks to it directly (with WaitReplicas: granted and confirmed).
+	window bool
 }

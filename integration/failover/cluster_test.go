@@ -127,10 +127,10 @@ func (ct *clusterTopo) keysInFirstShard(t testing.TB, prefix string, n int) []st
 func (ct *clusterTopo) waitPromoted(t testing.TB, ctx context.Context, ev *faultEvents) {
 	t.Helper()
 	waitFor(t, ctx, "the replica takes over", func() (bool, string) {
-		r := role(ct.replicas[0].Addr(), 200*time.Millisecond)
+		r := role(ct.replicas[0].Addr())
 		return r == "master", r
 	})
-	ev.set(&ev.Promoted)
+	ev.set(&ev.Named)
 }
 
 // watchSlots notes when the other masters see the first shard's replica as a
@@ -205,21 +205,22 @@ func TestClusterFailover(t *testing.T) {
 			c := &cell{name: "cluster/" + f.name}
 			for i := range rounds {
 				ct := startClusterTopo(t)
-				keys := ct.keysInFirstShard(t, "c", 9)
+				keys := ct.keysInFirstShard(t, "c", 10)
 				reload := ct.conn(true)
 				reload.ReloadOnError = true
 				r := runRound(t, roundConfig{
 					Procs: 3, Goroutines: 4, Keys: keys[:6], Conn: ct.conn(false), OldMaster: ct.masters[0].Addr(),
+					Nodes: []string{ct.masters[0].Addr(), ct.replicas[0].Addr()},
 					Fault: func(t testing.TB, ctx context.Context, ev *faultEvents) {
 						stop := ct.watchSlots(t, ev)
 						t.Cleanup(stop)
 						f.inject(t, ctx, ct, ev)
 					},
 					Probes:    map[string]connSpec{"default": ct.conn(false), "tuned": ct.conn(true), "tuned+reload": reload},
-					ProbeKeys: map[string]string{"default": keys[6], "tuned": keys[7], "tuned+reload": keys[8]},
+					ProbeKeys: map[string]string{"default": keys[6], "tuned": keys[7], "tuned+reload": keys[8], "deposed": keys[9]},
 					Fresh:     ct.conn(true),
 				})
-				judge(t, fmt.Sprintf("cluster/%s round %d", f.name, i+1), r, false)
+				judge(t, fmt.Sprintf("cluster/%s round %d", f.name, i+1), r, claims{})
 				c.rounds = append(c.rounds, r)
 			}
 			t.Log(c)

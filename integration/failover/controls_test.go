@@ -83,6 +83,49 @@ func TestCheckersTripOnSyntheticFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("window", func(t *testing.T) {
+		// old is the master; a is promoted at 300; b follows old (through the proxy
+		// p) until 1100, then a. Samples every 100 from 0.
+		const old, a, b, p = "old:1", "a:1", "b:1", "p:1"
+		samples := map[string][]roleSample{}
+		for at := int64(0); at <= 2000; at += 100 {
+			so := roleSample{At: at, Role: "master", Replicas: 2}
+			if at >= 300 {
+				so.Replicas = 1
+			}
+			samples[old] = append(samples[old], so)
+			sa := roleSample{At: at, Role: "slave", Master: p, Link: "connected"}
+			if at >= 300 {
+				sa = roleSample{At: at, Role: "master", Replicas: 1}
+			}
+			samples[a] = append(samples[a], sa)
+			sb := roleSample{At: at, Role: "slave", Master: p, Link: "connected"}
+			if at >= 1100 {
+				sb.Master = a
+			}
+			samples[b] = append(samples[b], sb)
+		}
+		nt := readNodes(samples, old, []string{p}, 50)
+		if nt.Promoted != 300 || nt.Left != 1100 || nt.window() != 800 {
+			t.Errorf("readNodes: %v, window %v; want promoted 300, left 1100, window 800ns", nt, nt.window())
+		}
+		// Without the alias, b never followed old: no window.
+		if nt := readNodes(samples, old, nil, 50); nt.window() != 0 {
+			t.Errorf("readNodes without the proxy's name: window %v, want 0", nt.window())
+		}
+		// b still follows old at the end: the window did not close in the round.
+		for i := range samples[b] {
+			samples[b][i].Master = p
+		}
+		if nt := readNodes(samples, old, []string{p}, 50); nt.window() != -1 || nt.Left != 0 {
+			t.Errorf("readNodes, b never left: %v, window %v; want left 0, window -1", nt, nt.window())
+		}
+		// A replica that is still syncing confirms nothing: it does not follow.
+		if s := (roleSample{Role: "slave", Master: old, Link: "sync"}); s.follows(map[string]bool{old: true}) {
+			t.Errorf("a replica in sync counted as following")
+		}
+	})
+
 	t.Run("recovery", func(t *testing.T) {
 		ms := func(n int64) int64 { return n * int64(time.Millisecond) }
 		run := func(start, end int64, ok bool) probeRun { return probeRun{Start: ms(start), End: ms(end), OK: ok} }
@@ -112,10 +155,14 @@ func TestCheckersTripOnSyntheticFaults(t *testing.T) {
 // and the check that nothing overlaps before the fault, must report), and one worker
 // uses a fence far below the one it was given in every other section (the
 // fenced-write checker and the check that fences rose across the failover must
-// report).
+// report). The failover is SENTINEL FAILOVER with WaitReplicas(1): the window, in
+// which the other replica still follows the deposed master and confirms what it
+// grants, is Redis's own (the leading sentinel looks at the promoted replica once a
+// second), so the node monitor must see it, and the probe that talks to the deposed
+// master must have been granted locks in it, confirmed, and none after it.
 func TestCheckersTripInARound(t *testing.T) {
 	var deleted int64
-	r := sentinelRound(t, sentinelModes[0], sentinelFaults[0], func(cfg *roundConfig, st *sentinelTopo) {
+	r := sentinelRound(t, modeNamed(t, "wait-1-sync-delay-0"), faultNamed(t, "graceful"), func(cfg *roundConfig, st *sentinelTopo) {
 		cfg.RewindFences = true
 		rdb := st.master.Client(t)
 		cfg.PreFault = func(t testing.TB) {
@@ -148,4 +195,40 @@ func TestCheckersTripInARound(t *testing.T) {
 	if len(r.FenceViolations) == 0 {
 		t.Errorf("fences rose across the failover for a worker that rewound them: the fence check is broken")
 	}
+	t.Logf("promoted replica's ROLE master %v after SENTINEL FAILOVER, other replica left the old master %v after it (window %v); sentinels named it %v after it; the deposed master granted %d locks after the promotion, confirmed",
+		r.Promoted, r.Left, r.Window, r.Named, r.DeposedGrants)
+	if r.Window <= 0 {
+		t.Errorf("the node monitor saw no time in which the other replica followed the deposed master after the promotion: the window check is broken")
+	}
+	if r.DeposedGrants == 0 {
+		t.Errorf("the deposed master granted no confirmed lock after the promotion: the window's checker is broken")
+	}
+	if r.Promoted < 0 || r.Named < 0 || r.Promoted >= r.Named {
+		t.Errorf("the promoted replica answered as a master %v after the fault, not before the sentinels named it (%v): the window is dated by what clients are told", r.Promoted, r.Named)
+	}
+	if r.DeposedLate > 0 {
+		t.Errorf("the deposed master granted %d confirmed locks after the node monitor saw its replicas leave: the window it measures is too short", r.DeposedLate)
+	}
+}
+
+func modeNamed(t testing.TB, name string) sentinelMode {
+	t.Helper()
+	for _, m := range sentinelModes {
+		if m.name == name {
+			return m
+		}
+	}
+	t.Fatalf("no Sentinel mode %q", name)
+	return sentinelMode{}
+}
+
+func faultNamed(t testing.TB, name string) sentinelFault {
+	t.Helper()
+	for _, f := range sentinelFaults {
+		if f.name == name {
+			return f
+		}
+	}
+	t.Fatalf("no Sentinel fault %q", name)
+	return sentinelFault{}
 }

@@ -213,8 +213,12 @@ func (r *referee) tally(t testing.TB, keys []string) tally {
 	return total
 }
 
-// gap is the sleep between the counter's GET and SET: wide enough that an overlap
-// loses updates, short against every lease.
-func gap(rng *rand.Rand) time.Duration {
-	return time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Millisecond)))
+// hold is the sleep between the counter's GET and SET, drawn between within[0] and
+// within[1]; by default 1-3 ms: wide enough that an overlap loses updates, short
+// against every lease. A hold longer than a third of the lease spans renewals.
+func hold(rng *rand.Rand, within [2]time.Duration) time.Duration {
+	if within[1] <= within[0] {
+		within = [2]time.Duration{time.Millisecond, 3 * time.Millisecond}
+	}
+	return within[0] + time.Duration(rng.Int64N(int64(within[1]-within[0])))
 }

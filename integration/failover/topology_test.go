@@ -53,6 +53,8 @@ type sentinelConfig struct {
 	ServerArgs []string
 	// ViaProxy puts a proxy between the master and its replicas and sentinels.
 	ViaProxy bool
+	// Debug are SENTINEL DEBUG parameters and values set on every sentinel.
+	Debug []string
 }
 
 // startSentinelTopo starts a master, two replicas and three sentinels and returns
@@ -86,6 +88,14 @@ func startSentinelTopo(t testing.TB, cfg sentinelConfig) *sentinelTopo {
 	}
 	for _, addr := range st.sentinels {
 		c := sentinelClient(t, addr)
+		if len(cfg.Debug) > 0 {
+			dc := redis.NewClient(&redis.Options{Addr: addr})
+			err := dc.Do(ctx, append([]any{"SENTINEL", "DEBUG"}, toAny(cfg.Debug)...)...).Err()
+			_ = dc.Close()
+			if err != nil {
+				t.Fatalf("SENTINEL DEBUG %v on %s: %v", cfg.Debug, addr, err)
+			}
+		}
 		waitFor(t, ctx, "sentinel "+addr+" knows the replicas and the other sentinels", func() (bool, string) {
 			m, err := c.Master(ctx, masterName).Result()
 			return err == nil && m["num-slaves"] == "2" && m["num-other-sentinels"] == "2", fmt.Sprint(m, err)
@@ -181,37 +191,26 @@ func (st *sentinelTopo) masterAddr(ctx context.Context, c *redis.SentinelClient)
 	return net.JoinHostPort(res[0], res[1])
 }
 
+// nodes are the addresses of the master and its replicas.
+func (st *sentinelTopo) nodes() []string {
+	out := []string{st.master.Addr()}
+	for _, r := range st.replicas {
+		out = append(out, r.Addr())
+	}
+	return out
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
 // conn is how clients reach this deployment.
 func (st *sentinelTopo) conn(tuned bool) connSpec {
 	return connSpec{Kind: "sentinel", Addrs: st.sentinels, MasterName: masterName, Tuned: tuned}
-}
-
-// role is the first element of ROLE from addr ("master", "slave"), or "" when the
-// server does not answer within timeout.
-func role(addr string, timeout time.Duration) string {
-	r, _ := roleReplicas(addr, timeout)
-	return r
-}
-
-// roleReplicas is ROLE from addr: the role, and for a master how many replicas it
-// lists; "" when the server does not answer within timeout.
-func roleReplicas(addr string, timeout time.Duration) (string, int) {
-	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: timeout, ReadTimeout: timeout, MaxRetries: -1})
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	res, err := c.Do(ctx, "ROLE").Slice()
-	if err != nil || len(res) == 0 {
-		return "", 0
-	}
-	s, _ := res[0].(string)
-	n := 0
-	if s == "master" && len(res) > 2 {
-		if l, ok := res[2].([]any); ok {
-			n = len(l)
-		}
-	}
-	return s, n
 }
 
 // signal sends sig to the redis-server s.

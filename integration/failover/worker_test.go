@@ -145,6 +145,7 @@ type workerSpec struct {
 	RefereeAddr string
 	Keys        []string
 	TTL         time.Duration
+	Hold        [2]time.Duration // a section's hold, drawn between the two; zero: 1-3 ms
 	Goroutines  int
 	MaxSections int           // per goroutine
 	Lifetime    time.Duration // the worker gives up and exits after this long
@@ -281,7 +282,7 @@ func runOne(ctx context.Context, locks *mutex.Client, ref *referee, spec workerS
 			}
 			lost <- at
 		})
-		a.Section, secErr = ref.section(fctx, key, a.Fence, writer, gap(rng))
+		a.Section, secErr = ref.section(fctx, key, a.Fence, writer, hold(rng, spec.Hold))
 		a.FnEnd = now()
 		return secErr
 	}, mutex.MaxWait(2*spec.TTL))

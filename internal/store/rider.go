@@ -104,7 +104,7 @@ func (r *Runner) runCarrying(ctx context.Context, rd *Rider, c *call, s *Script,
 	pipe := r.c.Pipeline()
 	rc := rd.run.queue(ctx, pipe, c.s, rd.keys, c.args)
 	mc := r.queue(ctx, pipe, s, keys, args)
-	_, _ = pipe.Exec(ctx)
+	execPipe(ctx, pipe)
 	if retryAlone(rc.Err()) {
 		rc = rd.run.Run(ctx, c.s, rd.keys, c.args...)
 	}

@@ -342,7 +342,7 @@ func (r *Runner) scanCalls(ctx context.Context, node redis.UniversalClient, keys
 				cmds[i] = s.s.EvalSha(ctx, pipe, keysOf(k), args...)
 			}
 		}
-		_, _ = pipe.Exec(ctx)
+		execPipe(ctx, pipe)
 		err := cmds[0].Err()
 		switch {
 		case attempt == 2 || eval:
@@ -357,6 +357,27 @@ func (r *Runner) scanCalls(ctx context.Context, node redis.UniversalClient, keys
 			eval = true
 		default:
 			return cmds, nil
+		}
+	}
+}
+
+// execPipe sends pipe and leaves on each of its commands the error it failed with.
+// go-redis gives every command the error of a connection that failed, except when it
+// tried again until its retries ran out and the last try got no connection (the dial
+// was refused): then only Exec returns the error, and the commands carry none and no
+// reply, which their callers would read as an empty answer ("redis: unexpected
+// type=<nil> for Slice"). execPipe gives that error to each command without one, as
+// go-redis does when it stops trying for any other reason; a Redis error reply is
+// left to the command it answered.
+func execPipe(ctx context.Context, pipe redis.Pipeliner) {
+	cmds, err := pipe.Exec(ctx)
+	var re redis.Error
+	if err == nil || errors.As(err, &re) {
+		return
+	}
+	for _, c := range cmds {
+		if c.Err() == nil {
+			c.SetErr(err)
 		}
 	}
 }

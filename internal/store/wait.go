@@ -59,7 +59,7 @@ func (r *Runner) RunWait(ctx context.Context, s *Script, want Replicas, keys []s
 		}
 		wait = redis.NewIntCmd(ctx, "wait", want.N, want.Timeout.Milliseconds())
 		_ = pipe.Process(ctx, wait)
-		_, _ = pipe.Exec(ctx)
+		execPipe(ctx, pipe)
 		err = cmd.Err()
 		if attempt == 2 {
 			break

@@ -115,3 +115,44 @@ func TestRunWaitOnCluster(t *testing.T) {
 	})
 	assert.Equal(t, len(keys), n, "EachWait: one call per key on Cluster")
 }
+
+// A master that died refuses connections: go-redis tries the dial again until its
+// retries run out and then returns the error from Exec alone. Every pipeline of the
+// Runner must give it to its commands, so that a caller reads "connection refused"
+// and not an empty reply ("redis: unexpected type=<nil> for Slice").
+func TestPipelinesReportAFailedDial(t *testing.T) {
+	srv := redistest.Start(t)
+	dead := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 2,
+		MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
+	t.Cleanup(func() { _ = dead.Close() })
+	srv.Stop(t)
+	ctx := context.Background()
+	failed := func(t *testing.T, what string, err error) {
+		t.Helper()
+		require.Error(t, err, "%s: no error from a dead master", what)
+		assert.Contains(t, err.Error(), "connection refused", what)
+		assert.True(t, Transient(err), "%s: Transient(%v) = false, want true", what, err)
+	}
+
+	t.Run("RunWait", func(t *testing.T) {
+		cmd, w := New(dead).RunWait(ctx, testSet, Replicas{N: 1, Timeout: 10 * time.Millisecond}, []string{"storetest:dead1"}, "x")
+		failed(t, "the script", cmd.Err())
+		failed(t, "the WAIT", w.Err)
+		assert.False(t, w.Confirmed(Replicas{N: 1}))
+	})
+	t.Run("a carried Rider", func(t *testing.T) {
+		r := New(dead)
+		rd := r.NewRider([]string{"storetest:{dead2}:rider"})
+		rd.Board(testSet, "rider")
+		failed(t, "the carrying call", r.Run(Carry(ctx, rd), testSet, []string{"storetest:{dead2}:main"}, "main").Err())
+		failed(t, "the Rider", rd.Result(ctx).Err())
+	})
+	t.Run("calls of a scan", func(t *testing.T) {
+		cmds, err := New(dead).scanCalls(ctx, dead, []string{"storetest:dead3", "storetest:dead4"}, testSet,
+			func(k string) []string { return []string{k} }, []any{"x"})
+		require.NoError(t, err)
+		for i, cmd := range cmds {
+			failed(t, fmt.Sprintf("call %d", i), cmd.Err())
+		}
+	})
+}

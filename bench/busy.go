@@ -102,9 +102,15 @@ const (
 
 	// InOrder behind a retry: retryKeys keys of two tasks each, enqueued with the
 	// Producer key after key; each key's first task fails once, and asynq retries it
-	// after retryDelay (its RetryDelayFunc for real failures).
-	retryKeys  = 50
-	retryDelay = 300 * time.Millisecond
+	// after retryDelay (its RetryDelayFunc for real failures). Key k's failing run
+	// takes k × retrySpread longer than a handler's, so that the failures, and the
+	// retries, spread over one DelayedTaskCheckInterval (5 s by default): asynq moves
+	// due retries back to the queue at each of its ticks, and the tasks of a batch
+	// that all failed at once would all meet the same tick, making a run's samples
+	// one sample.
+	retryKeys   = 50
+	retryDelay  = 300 * time.Millisecond
+	retrySpread = 5 * time.Second / retryKeys
 )
 
 // busyGroup is the table of the busy-key scenarios: a column per way of handling a
@@ -136,10 +142,11 @@ var busyModes = []busyMode{
 }
 
 // busyTask is a task of a batch: its tenant (the key), and whether its handler fails
-// on its first run.
+// on its first run, and after how long (a handler's work when zero).
 type busyTask struct {
-	tenant string
-	fail   bool
+	tenant    string
+	fail      bool
+	failAfter time.Duration
 }
 
 // busyWorkload is a busy-key scenario: its tasks in the order they are enqueued, the
@@ -190,7 +197,8 @@ func backlogWorkload() busyWorkload {
 func retryWorkload() busyWorkload {
 	var tasks []busyTask
 	for k := range retryKeys {
-		tasks = append(tasks, busyTask{tenant: tenant(k), fail: true}, busyTask{tenant: tenant(k)})
+		tasks = append(tasks, busyTask{tenant: tenant(k), fail: true, failAfter: busyWork + time.Duration(k)*retrySpread},
+			busyTask{tenant: tenant(k)})
 	}
 	return busyWorkload{tasks: tasks, ordered: true, figures: retryFigures,
 		// InOrder refuses Limit(n > 1); without the middleware there is no order.
@@ -419,8 +427,8 @@ func (l *busyLog) outer(next asynq.Handler) asynq.Handler {
 	})
 }
 
-// handle is the handler: it sleeps work, and fails on its first run if its task is
-// one that fails once.
+// handle is the handler: it sleeps work, and fails on its first run, after
+// failAfter, if its task is one that fails once.
 func (l *busyLog) handle(ctx context.Context, t *asynq.Task, work time.Duration) error {
 	now := time.Now()
 	if in, ok := ctx.Value(inHandler{}).(*atomic.Bool); ok && in.CompareAndSwap(false, true) {
@@ -439,6 +447,9 @@ func (l *busyLog) handle(ctx context.Context, t *asynq.Task, work time.Duration)
 		l.failed[n] = true
 	}
 	l.mu.Unlock()
+	if fail && l.tasks[n].failAfter > 0 {
+		work = l.tasks[n].failAfter
+	}
 	if err := benchkit.Sleep(ctx, work); err != nil {
 		return err
 	}

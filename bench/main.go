@@ -41,13 +41,14 @@ func main() {
 	flag.IntVar(&o.round, "round", 1000, "acquisitions per hot-key round, over which fairness is taken")
 	flag.IntVar(&o.tasks, "tasks", 5000, "no-op tasks per asynq batch on distinct keys; one batch per contender, twice per run")
 	flag.IntVar(&o.orderWorkers, "order-concurrency", orderHotConcurrency, "the asynq server's concurrency in the ordered hot-key scenario")
+	flag.DurationVar(&o.busyCap, "busy-cap", 90*time.Second, "how long a busy-key batch may run, from its first enqueue, before it reports how far it got")
 	flag.StringVar(&o.only, "only", "", "run only the scenarios whose name contains this")
 	flag.BoolVar(&o.verbose, "v", false, "print every run's figures to stderr")
 	flag.IntVar(&o.callgrind, "callgrind", 0, "with -only naming one rate scenario exactly and -contender: the pid of the valgrind --tool=callgrind running the REDIS_ADDR server; one measured turn (see rate.go's probeRate and callgrind.sh)")
 	flag.StringVar(&o.contender, "contender", "", "the contender of -callgrind: asynqmutex, redis_rate or \"INCR floor\"")
 	flag.Parse()
-	if o.d < 100*time.Millisecond || o.runs < 1 || o.round < 10 || o.tasks < 100 || o.orderWorkers < 1 {
-		fmt.Fprintln(os.Stderr, "bench: want -d ≥ 100ms, -runs ≥ 1, -round ≥ 10, -tasks ≥ 100, -order-concurrency ≥ 1")
+	if o.d < 100*time.Millisecond || o.runs < 1 || o.round < 10 || o.tasks < 100 || o.orderWorkers < 1 || o.busyCap < time.Second {
+		fmt.Fprintln(os.Stderr, "bench: want -d ≥ 100ms, -runs ≥ 1, -round ≥ 10, -tasks ≥ 100, -order-concurrency ≥ 1, -busy-cap ≥ 1s")
 		os.Exit(2)
 	}
 	if err := run(os.Stdout, o); err != nil {
@@ -65,7 +66,8 @@ type options struct {
 	only    string
 	verbose bool
 
-	orderWorkers int // the ordered hot key's concurrency
+	orderWorkers int           // the ordered hot key's concurrency
+	busyCap      time.Duration // of a busy-key batch, from its first enqueue
 
 	callgrind int
 	contender string
@@ -128,9 +130,9 @@ func run(out io.Writer, o options) error {
 		}
 	}
 
-	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d -order-concurrency %d; %d runs, medians (fairness: worst round)\n",
-		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.orderWorkers, o.runs)
-	for _, g := range []*group{lockGroup, asynqGroup, orderGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup} {
+	fmt.Fprintf(out, "redis-server %s at %s, GOMAXPROCS %d, %s/%s; -d %v -round %d -tasks %d -order-concurrency %d -busy-cap %v; %d runs, medians (fairness: worst round)\n",
+		version, addr, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, o.d, o.round, o.tasks, o.orderWorkers, o.busyCap, o.runs)
+	for _, g := range []*group{lockGroup, asynqGroup, orderGroup, hookGroup, semGroup, keysGroup, functionsGroup, rateGroup, busyGroup} {
 		printGroup(out, g, todo, results)
 	}
 	fmt.Fprintln(out, "\n÷ best peer: asynqmutex's figure over the best of the peer libraries' (redislock, redsync, or the hand-written middleware); goals name their own reference.")
@@ -138,8 +140,12 @@ func run(out io.Writer, o options) error {
 }
 
 // printGroup prints the table of the group's scenarios among todo: a row per metric,
-// a column per contender.
+// a column per contender; or as the group's own print does.
 func printGroup(out io.Writer, g *group, todo []scenario, results [][]figures) {
+	if g.print != nil {
+		g.print(out, g, todo, results)
+		return
+	}
 	header := false
 	for i, s := range todo {
 		if s.group != g {
@@ -204,6 +210,8 @@ type group struct {
 	title   string
 	columns []column
 	noPeers bool // no ÷ best peer, goal or result: its metrics carry their own ratios
+	// print, where set, prints the group's table instead of printGroup.
+	print func(out io.Writer, g *group, todo []scenario, results [][]figures)
 }
 
 // column is a contender, as tables show it.
@@ -306,21 +314,39 @@ func (m metric) aggregate(runs []figures) map[string]float64 {
 	return agg
 }
 
-// goal is asynqmutex's figure compared with a limit: at most or at least limit times
-// the figure of the contender ref, or, when ref is "", the limit itself.
+// goal is asynqmutex's figure compared with a limit: at most (below, when strict) or
+// at least limit times the figure of the contender ref, or, when ref is "", the limit
+// itself.
 type goal struct {
 	atLeast bool
+	strict  bool
 	limit   float64
 	ref     string
 }
 
 func atMost(limit float64, ref string) goal  { return goal{limit: limit, ref: ref} }
 func atLeast(limit float64, ref string) goal { return goal{atLeast: true, limit: limit, ref: ref} }
+func below(limit float64) goal               { return goal{strict: true, limit: limit} }
+
+// met reports whether v, the figure or, with a ref, the ratio, meets the goal.
+func (g goal) met(v float64) bool {
+	switch {
+	case g.atLeast:
+		return v >= g.limit
+	case g.strict:
+		return v < g.limit
+	default:
+		return v <= g.limit
+	}
+}
 
 func (g goal) text() string {
 	op := "≤"
-	if g.atLeast {
+	switch {
+	case g.atLeast:
 		op = "≥"
+	case g.strict:
+		op = "<"
 	}
 	if g.ref == "" {
 		return fmt.Sprintf("%s %g", op, g.limit)
@@ -338,7 +364,7 @@ func (g goal) verdict(agg map[string]float64, ratio float64) string {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
 		return "–"
-	case (g.atLeast && v >= g.limit) || (!g.atLeast && v <= g.limit):
+	case g.met(v):
 		return "pass" + suffix
 	default:
 		return "FAIL" + suffix

@@ -720,15 +720,7 @@ func printBusy(out io.Writer, g *group, todo []scenario, results [][]figures) {
 		}
 		if !header {
 			header = true
-			fmt.Fprintf(out, "\n%s\n\n| scenario | figure |", g.title)
-			for _, c := range g.columns {
-				fmt.Fprintf(out, " %s |", c.name)
-			}
-			fmt.Fprint(out, " goal |\n|---|---|")
-			for range g.columns {
-				fmt.Fprint(out, "--:|")
-			}
-			fmt.Fprintln(out, "---|")
+			printHeader(out, g, []string{"goal"}, 0)
 		}
 		for _, m := range s.metrics {
 			agg := m.aggregate(results[i])

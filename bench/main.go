@@ -139,6 +139,31 @@ func run(out io.Writer, o options) error {
 	return nil
 }
 
+// printHeader prints the head of g's table: the scenario and figure columns, one
+// right-aligned column per contender, then the columns named in tail, the first
+// numeric of them right-aligned.
+func printHeader(out io.Writer, g *group, tail []string, numeric int) {
+	fmt.Fprintf(out, "\n%s\n\n| scenario | figure |", g.title)
+	for _, c := range g.columns {
+		fmt.Fprintf(out, " %s |", c.name)
+	}
+	for _, t := range tail {
+		fmt.Fprintf(out, " %s |", t)
+	}
+	fmt.Fprint(out, "\n|---|---|")
+	for range g.columns {
+		fmt.Fprint(out, "--:|")
+	}
+	for i := range tail {
+		if i < numeric {
+			fmt.Fprint(out, "--:|")
+		} else {
+			fmt.Fprint(out, "---|")
+		}
+	}
+	fmt.Fprintln(out)
+}
+
 // printGroup prints the table of the group's scenarios among todo: a row per metric,
 // a column per contender; or as the group's own print does.
 func printGroup(out io.Writer, g *group, todo []scenario, results [][]figures) {
@@ -153,22 +178,10 @@ func printGroup(out io.Writer, g *group, todo []scenario, results [][]figures) {
 		}
 		if !header {
 			header = true
-			fmt.Fprintf(out, "\n%s\n\n| scenario | figure |", g.title)
-			for _, c := range g.columns {
-				fmt.Fprintf(out, " %s |", c.name)
-			}
 			if g.noPeers {
-				fmt.Fprint(out, "\n|---|---|")
+				printHeader(out, g, nil, 0)
 			} else {
-				fmt.Fprint(out, " ÷ best peer | goal | result |\n|---|---|")
-			}
-			for range g.columns {
-				fmt.Fprint(out, "--:|")
-			}
-			if g.noPeers {
-				fmt.Fprintln(out)
-			} else {
-				fmt.Fprintln(out, "--:|---|---|")
+				printHeader(out, g, []string{"÷ best peer", "goal", "result"}, 1)
 			}
 		}
 		for _, m := range s.metrics {

@@ -53,6 +53,7 @@ func TestRateTable(t *testing.T) {
 	printGroup(&out, rateGroup, []scenario{s}, [][]figures{{run}})
 	for _, want := range []string{
 		"| scenario | figure | asynqmutex | redis_rate | INCR floor | ÷ best peer | goal | result |",
+		"|---|---|--:|--:|--:|--:|---|---|",
 		"| s | Redis server time (µs/op) | 12.0 | 10.0 | 2.00 | 1.20× |  |  |",
 		"| s | Redis server time ÷ redis_rate (×) | 1.50 | 1.00 | 0.25 | 1.50× | ≤ 1.2 | FAIL |",
 		"| s | Redis server time ÷ INCR floor (×) | 6.00 | 4.00 | 1.00 | 1.50× |  |  |",

@@ -82,6 +82,8 @@ func endOfValue(data []byte, i int) int {
 	return i
 }
 
+// skipSpaceAt is the index of the first byte at or after i in data that is not JSON
+// white space.
 func skipSpaceAt(data []byte, i int) int {
 	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
 		i++
@@ -89,6 +91,7 @@ func skipSpaceAt(data []byte, i int) int {
 	return i
 }
 
+// SkipSpace is data without the JSON white space it starts with.
 func SkipSpace(data []byte) []byte { return data[skipSpaceAt(data, 0):] }
 
 // KindOf names the kind of the valid JSON value data starts with.

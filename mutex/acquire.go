@@ -133,6 +133,7 @@ type acquisition struct {
 	kind      kind
 	renewed   bool // WithLock renews the lease: a hand-over may give a short one
 	contended bool // an attempt found another holder: OpContended was reported
+	parkNow   bool // with Park: the wait in the process ended; the next attempt parks
 	kept      int  // several keys: how many the last attempt kept before a busy one
 	busy      int  // several keys: the index in keys' order of the last busy one
 	start     time.Time
@@ -157,6 +158,9 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	}
 	a := &acquisition{c: c, start: time.Now(), key: key, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	c.configure(a, opts)
+	if a.park != nil && a.limit > 1 {
+		return nil, fmt.Errorf("mutex: lock %s: Park applies to a plain lock, not to Limit(%d)", show(key), a.limit)
+	}
 	rkey := c.redisKey(key)
 	a.keys = []string{rkey, a.kind.queue(rkey)}
 	a.locks = a.keys[:1]
@@ -192,6 +196,9 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 	if a.limit > 1 {
 		return nil, fmt.Errorf("mutex: lock %s: Limit(%d) applies to one key; a set of keys takes plain locks", a.what(), a.limit)
 	}
+	if a.park != nil {
+		return nil, fmt.Errorf("mutex: lock %s: Park applies to one key", a.what())
+	}
 	for _, r := range sorted {
 		a.keys = append(a.keys, r, a.kind.queue(r))
 	}
@@ -215,6 +222,22 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 	if a.limit > 1 {
 		a.kind = c.slots
 	}
+}
+
+// parkedDesc is the description of a's parked entry (layout.go): its task, with no
+// host or process.
+func (a *acquisition) parkedDesc() string { return describe("\t\t", a.by.name, a.by.id) }
+
+// parkMode is what a's next attempt does at a busy lock, for plain_lock.lua: it parks
+// now once its wait in the process has ended (parkNow).
+func (a *acquisition) parkMode() string {
+	switch {
+	case a.parkNow:
+		return "park"
+	case a.park.mode == ParkLead:
+		return "lead"
+	}
+	return "wait"
 }
 
 // what is the acquisition's key or keys, for errors.
@@ -294,7 +317,20 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 				if lastErr != nil {
 					return nil, lastErr
 				}
-				return nil, ErrNotObtained
+				if a.park == nil {
+					return nil, ErrNotObtained
+				}
+				// Park in our place: one more attempt, which takes the lock if it is
+				// ours by now.
+				a.parkNow = true
+				l, _, err := c.attempt(ctx, a, w)
+				switch {
+				case l != nil:
+					acquired = true
+				case err == nil:
+					err = ErrNotObtained
+				}
+				return l, err
 			case f := <-w.grant:
 				if a.given != nil {
 					// One of several locks: the attempt below takes the rest, or waits
@@ -373,6 +409,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	}
 	sent := time.Now()
 	o, err := a.kind.attempt(ctx, a, w)
+	c.start(a.starter, o.handed)
 	if w != nil {
 		w.queued = true // even after an error: the server may have queued it
 		w.sent = sent
@@ -395,6 +432,10 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		return nil, 0, err
 	case o.refused != nil:
 		return nil, 0, o.refused
+	case o.parked:
+		w.queued = false // its entry is a parked one now: leaving takes nothing out
+		c.contended(ctx, a)
+		return nil, 0, join(ErrNotObtained, ErrParked)
 	case o.fences == nil:
 		c.contended(ctx, a)
 		return nil, o.pttl, nil
@@ -437,7 +478,7 @@ func (c *Client) contended(ctx context.Context, a *acquisition) {
 // granted for lease by a command sent at sent or later.
 func (a *acquisition) lock(f []int64, sent time.Time, lease time.Duration) *Lock {
 	l := &Lock{c: a.c, kind: a.kind, key: a.key, given: a.given, keys: a.keys, locks: a.locks, id: a.id,
-		fence: f[0], by: a.by, taken: sent, until: leaseEnd(sent, lease)}
+		fence: f[0], by: a.by, starter: a.starter, taken: sent, until: leaseEnd(sent, lease)}
 	if a.order != nil {
 		l.fences = make([]int64, len(a.order))
 		for i, j := range a.order {
@@ -478,7 +519,8 @@ func (a *acquisition) retryAfter(pttl time.Duration) time.Duration {
 func (c *Client) giveBack(ctx context.Context, a *acquisition, keys []string, entry string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(a.ttl, time.Second))
 	defer cancel()
-	_, _ = a.kind.release(ctx, keys, a.id, entry, 0)
+	_, hs, _ := a.kind.release(ctx, keys, a.id, entry, 0, "")
+	c.start(a.starter, hs)
 }
 
 // abandon releases whatever an attempt that ended in an error may have taken: the

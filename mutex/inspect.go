@@ -150,7 +150,7 @@ func (c *Client) info(rkey string, res []any) (Info, error) {
 	entries, _ := res[4].([]any)
 	for _, e := range entries {
 		s, _ := e.(string)
-		in.Waiters = append(in.Waiters, parseEntry(s))
+		in.Waiters = append(in.Waiters, readEntry(s).Holder)
 	}
 	now := serverTime(res[5])
 	switch typ {

@@ -22,8 +22,10 @@ type kind interface {
 	// release gives up what identity id holds of the locks in keys (each followed by
 	// its queue), handing each to its next waiter. A non-empty entry (a waiter that
 	// gives up) is first taken out of the queues, and a lock handed to it is passed
-	// on. fence is the fence of what is released, or 0 when not known.
-	release(ctx context.Context, keys []string, id, entry string, fence int64) (released, error)
+	// on. fence is the fence of what is released, or 0 when not known. A non-empty
+	// ticket's parked entries are taken out of the queues first (plain locks only).
+	// hs are the parked tasks the hand-overs ask to start (park.go).
+	release(ctx context.Context, keys []string, id, entry string, fence int64, ticket string) (r released, hs []handed, err error)
 
 	// extend replaces the lease of l with ttl; held is false when l is not ours. With
 	// WaitReplicas, a write fewer replicas confirmed is a *ReplicasError.
@@ -48,6 +50,10 @@ type outcome struct {
 	// unconfirmed, with WaitReplicas: fewer replicas than asked acknowledged the
 	// attempt's writes (of any of its calls) in time.
 	unconfirmed *ReplicasError
+	// parked, with Park: the lock was busy and the acquisition parked (park.go).
+	parked bool
+	// handed: the parked tasks the attempt's hand-overs ask to start.
+	handed []handed
 }
 
 // released is what a release did, as the release scripts answer.

@@ -239,16 +239,53 @@ func entryHead(client, waiter string, lease time.Duration, limit int) string {
 	return h
 }
 
-// parseEntry reads what a queue entry says of its waiter.
-func parseEntry(e string) Holder {
-	_, rest, _ := strings.Cut(e, " ")
-	_, rest, _ = strings.Cut(rest, " ")
+// A parked entry stands in a plain lock's queue for a task that waits in no process
+// (Park): "<mark>.<ticket> <claim> <since> <identity><description>". The mark is
+// parkedMark while the task waits and startedMark once a Starter was asked to start
+// it ahead of its turn; ticket is what Park was given (no space); claim is the lease
+// in ms a hand-over gives it, for its task to arrive and claim the lock; since is
+// the server time in ms it parked; identity is parkedIdentity(ticket), which the lock
+// holds while it is handed to the ticket, and description names the task (with no
+// host or process: it runs nowhere yet). No Client id starts with a mark, so the
+// scripts tell a parked entry from a waiter's by its first byte. The scripts write
+// parked entries; Go passes the ticket, the claim and who it is.
+const (
+	parkedMark  = '~'
+	startedMark = '^'
+)
+
+// parkedIdentity is the identity a lock holds while it is handed to ticket.
+func parkedIdentity(ticket string) string { return identity(string(parkedMark) + ticket) }
+
+// parsedEntry is what a queue entry says, read.
+type parsedEntry struct {
+	Holder
+	parked  bool      // a parked entry, started or not
+	started bool      // a parked entry whose task was asked to start
+	since   time.Time // with parked: when it parked, server time
+	ticket  string    // with parked
+}
+
+// readEntry reads a queue entry, a waiter's or a parked one.
+func readEntry(e string) parsedEntry {
+	head, rest, _ := strings.Cut(e, " ")
+	_, rest, _ = strings.Cut(rest, " ") // the lease
+	var p parsedEntry
+	if len(head) > 1 && (head[0] == parkedMark || head[0] == startedMark) && head[1] == '.' {
+		p.parked, p.started, p.ticket = true, head[0] == startedMark, head[2:]
+		var since string
+		since, rest, _ = strings.Cut(rest, " ")
+		if ms, err := strconv.ParseInt(since, 10, 64); err == nil {
+			p.since = time.UnixMilli(ms)
+		}
+	}
 	_, rest, ok := cutCounted(rest)
 	if !ok {
-		return Holder{}
+		return p
 	}
 	desc, _, _ := cutCounted(rest)
-	return parseDescription(desc)
+	p.Holder = parseDescription(desc)
+	return p
 }
 
 // The wake-up message, published on a Client's channel, is "<waiter> <fence>": the
@@ -283,7 +320,8 @@ local HELD, WAITED, RELEASED, FORCED = %d, %d, %d, %d
 local SLOTS_LIMIT, SLOTS_FENCE, SLOT_HOLDER = %q, %q, %q
 local RELEASED_INFIX, TOMBSTONE_MILLIS = %q, %d
 local WAKE_RETRY = %q
+local PARKED, STARTED = %q, %q
 `, fenceDigits, stateAt+1, sinceAt+1, idAt+1, lenDigits, counted(""),
 	stateHeld, stateWaited, stateReleased, forcedMark,
 	slotsLimit, slotsFence, slotHolder,
-	releasedInfix, tombstoneMillis, wakeRetry)
+	releasedInfix, tombstoneMillis, wakeRetry, string(parkedMark), string(startedMark))

@@ -49,7 +49,7 @@ return {v, withState(v, WAITED), tombstone(v, ARGV[3], ARGV[5]), client, waiter,
 		assert.Equal(t, Holder{}, ts.holder, "and describes nobody")
 
 		assert.Equal(t, []string{"client", "w7", "250/5", id + desc}, res[3:7], "Go's entry read by Lua")
-		assert.Equal(t, Holder{Host: "host-1", PID: 42, Name: "pay", ID: "t\u00e91"}, parseEntry(head+" "+id+desc))
+		assert.Equal(t, Holder{Host: "host-1", PID: 42, Name: "pay", ID: "t\u00e91"}, readEntry(head+" "+id+desc).Holder)
 		assert.Equal(t, []string{id, prev}, res[7:9], "holder() finds the identity and the previous holder")
 		assert.Equal(t, []string{"true", "false", "1234567"}, res[9:12])
 		assert.Equal(t, releasedKey("lock", id), res[12], "the mark of a release, named alike by Go and by markReleased")

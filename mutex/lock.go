@@ -12,17 +12,18 @@ import (
 // Lock is a held lock. Its methods are safe for concurrent use; Unlock and the other
 // methods are safe on a nil *Lock, which holds nothing.
 type Lock struct {
-	c      *Client
-	kind   kind
-	key    string   // the caller's key (the first, of several)
-	given  []string // several keys: all of them, as the caller gave them; nil for one
-	keys   []string // the Redis keys: each lock and its queue, in the order taken
-	locks  []string // the Redis keys of the locks alone
-	id     string   // identity(token)
-	fence  int64    // of key
-	fences []int64  // of given, in its order; nil for one key
-	by     heldBy
-	taken  time.Time // when the attempt that took it was sent, on our clock
+	c       *Client
+	kind    kind
+	key     string   // the caller's key (the first, of several)
+	given   []string // several keys: all of them, as the caller gave them; nil for one
+	keys    []string // the Redis keys: each lock and its queue, in the order taken
+	locks   []string // the Redis keys of the locks alone
+	id      string   // identity(token)
+	fence   int64    // of key
+	fences  []int64  // of given, in its order; nil for one key
+	by      heldBy
+	starter Starter   // StartWith: starts the parked tasks its release hands the lock to
+	taken   time.Time // when the attempt that took it was sent, on our clock
 
 	mu    sync.Mutex
 	until time.Time // lease end on our own monotonic clock, conservatively
@@ -192,7 +193,8 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // not stay held for the rest of its lease because the caller's deadline came as fn
 // returned. The redis client's own timeouts bound it.
 func (l *Lock) unlock(ctx context.Context) error {
-	r, err := l.kind.release(context.WithoutCancel(ctx), l.keys, l.id, "", l.fence)
+	r, hs, err := l.kind.release(context.WithoutCancel(ctx), l.keys, l.id, "", l.fence, "")
+	l.c.start(l.starter, hs)
 	switch {
 	case err != nil:
 		return fmt.Errorf("mutex: unlock %s: %w", l.what(), err)

@@ -39,7 +39,9 @@ type lockConfig struct {
 	maxWait time.Duration // < 0: until the context is done
 	token   string
 	by      heldBy
-	limit   int // holders at once; > 1: slots (slots.go)
+	limit   int      // holders at once; > 1: slots (slots.go)
+	park    *parking // Park: nil for none
+	starter Starter  // StartWith: nil for none
 }
 
 // heldBy is what a holder says about itself with HeldBy.

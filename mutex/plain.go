@@ -54,21 +54,32 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 			queued = "1"
 		}
 	}
+	var ticket, claim, who, mode any = "", "0", "", ""
+	if p := a.park; p != nil && w != nil {
+		ticket, claim, who, mode = p.ticket, p.claim.Milliseconds(), a.parkedDesc(), a.parkMode()
+	}
 	var (
 		fences []int64
 		busy   bool
 	)
 	limited = -1
-	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers},
+	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers, ticket, claim, who, mode},
 		func(b []string, cmd *redis.Cmd) bool {
-			var res []int64
-			res, err = cmd.Int64Slice()
+			var (
+				res []int64
+				hs  []handed
+			)
+			res, hs, err = scriptReply(cmd, b, 2)
+			o.handed = append(o.handed, hs...)
 			switch {
 			case err != nil:
 			case len(res) == 3 && res[0] <= 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
 				i := len(fences) + int(res[2]) - 1 // in a.locks' order
-				if res[0] < 0 {
+				switch res[0] {
+				case -1:
 					limited = i
+				case -2:
+					o.parked = true
 				}
 				busy, o.pttl, a.busy = true, time.Duration(res[1])*time.Millisecond, i
 				if w != nil { // the locks before the busy one were taken, and kept
@@ -91,6 +102,7 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 		// One lock per call (several servers): give back those taken before the busy
 		// one, so that TryLock takes all or nothing.
 		k.c.abandon(ctx, a)
+	case o.parked:
 	case w != nil && len(fences) < a.kept && 2*(len(fences)+1) < len(a.keys):
 		// A kept lock was lost (its lease ran out while we did not come back, and
 		// someone took it): the locks after it that we still hold, or that a release
@@ -108,7 +120,7 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 // release runs plain_release.lua on each lock of keys with its queue and the mark of
 // a hand-over by id. fence, of a single lock, tells a repeat of this release from a
 // release of the same token's earlier lock; it is 0 for several.
-func (k plainKind) release(ctx context.Context, keys []string, id, entry string, fence int64) (released, error) {
+func (k plainKind) release(ctx context.Context, keys []string, id, entry string, fence int64, ticket string) (released, []handed, error) {
 	withMarks := make([]string, 0, len(keys)/2*3)
 	for i := 0; i+1 < len(keys); i += 2 {
 		withMarks = append(withMarks, keys[i], keys[i+1], releasedKey(keys[i], id))
@@ -117,19 +129,25 @@ func (k plainKind) release(ctx context.Context, keys []string, id, entry string,
 		fence = 0
 	}
 	res := releasedOK
-	var errs error
-	k.c.run.Each(ctx, plainReleaseScript, withMarks, 3, []any{id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence},
-		func(_ []string, cmd *redis.Cmd) bool {
-			r, err := cmd.Int64()
+	var (
+		errs error
+		hs   []handed
+	)
+	k.c.run.Each(ctx, plainReleaseScript, withMarks, 3, []any{id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence, ticket},
+		func(b []string, cmd *redis.Cmd) bool {
+			nums, more, err := scriptReply(cmd, b, 3)
+			hs = append(hs, more...)
 			switch {
+			case err == nil && len(nums) != 1:
+				errs = join(errs, fmt.Errorf("unexpected reply %v", nums))
 			case err != nil:
 				errs = join(errs, err)
-			case released(r) == forced || (released(r) == notOurs && res == releasedOK):
-				res = released(r)
+			case released(nums[0]) == forced || (released(nums[0]) == notOurs && res == releasedOK):
+				res = released(nums[0])
 			}
 			return true // every lock is tried
 		})
-	return res, errs
+	return res, hs, errs
 }
 
 func (k plainKind) extend(ctx context.Context, l *Lock, ttl time.Duration) (held bool, err error) {

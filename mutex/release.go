@@ -53,7 +53,8 @@ func (l *Lock) retryRelease(ctx context.Context, err error) bool {
 			}
 			time.Sleep(pause)
 			actx, cancel := context.WithDeadline(ctx, until)
-			r, err := l.kind.release(actx, l.keys, l.id, "", l.fence)
+			r, hs, err := l.kind.release(actx, l.keys, l.id, "", l.fence, "")
+			l.c.start(l.starter, hs)
 			cancel()
 			switch {
 			case store.Transient(err):

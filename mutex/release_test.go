@@ -163,7 +163,7 @@ func TestFailedReleaseWithoutRetryHoldsKey(t *testing.T) {
 	got := lockBefore(waiter, key, l.validUntil())
 	waitForWaiters(t, b, waiter, key, 1)
 	p.Blackhole(true)
-	_, err = l.kind.release(ctx, l.keys, l.id, "", l.fence)
+	_, _, err = l.kind.release(ctx, l.keys, l.id, "", l.fence, "")
 	require.True(t, store.Transient(err), "the release sent into the blackhole fails: %v", err)
 	p.Blackhole(false)
 	require.NoError(t, holder.Redis().Ping(ctx).Err(), "Redis answers again")
@@ -213,6 +213,9 @@ func TestReleaseRetryLeavesAnotherTokensLock(t *testing.T) {
 				err := next(ctx, cmd)
 				if (rgRuns(cmd, plainReleaseScript) || rgRuns(cmd, slotsReleaseScript)) && err == nil {
 					n, _ := cmd.(*redis.Cmd).Int64()
+					if vals, err := cmd.(*redis.Cmd).Slice(); err == nil && len(vals) > 0 { // plain: {released, tickets...}
+						n, _ = vals[0].(int64)
+					}
 					mu.Lock()
 					replies = append(replies, n)
 					mu.Unlock()

@@ -30,7 +30,7 @@ const aclRules = workerACLRules + " " + functionACLRules + " " + limitACLRules +
 // one key or several.
 const workerACLRules = "resetkeys ~asynqmutex:* resetchannels &asynqmutex:* -@all " +
 	"+evalsha +eval +ping +hello +subscribe +unsubscribe " +
-	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +publish"
+	"+get +set +pexpire +pttl +time +rpush +lpop +lrem +lpos +lindex +lset +lrange +publish"
 
 // functionACLRules let a worker run the steps as Redis functions (FCALL), loading the
 // library where it is missing; without them it sends EVALSHA. The contract tests run

@@ -51,10 +51,10 @@ func (k slotsKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 // release frees the slot identity id holds. A release repeated after a lost reply is
 // recognised by fence, so that a slot a reused token held before is not taken for
 // this one.
-func (k slotsKind) release(ctx context.Context, keys []string, id, entry string, fence int64) (released, error) {
+func (k slotsKind) release(ctx context.Context, keys []string, id, entry string, fence int64, _ string) (released, []handed, error) {
 	r, err := k.c.run.Run(ctx, slotsReleaseScript, []string{keys[0], keys[1], releasedKey(keys[0], id)},
 		id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence).Int64()
-	return released(r), err
+	return released(r), nil, err
 }
 
 func (k slotsKind) extend(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {

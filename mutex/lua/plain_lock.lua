@@ -15,12 +15,30 @@
 --            taken (kept, renewed) while the caller waits for it
 -- ARGV[7] -> channel prefix, as in plain_release.lua
 -- ARGV[8] -> "1" when PUBLISH counts every subscriber, as in plain_release.lua
+-- ARGV[9] -> the ticket of a task that may park in the line (Park), or "" for none
+-- ARGV[10] -> with a ticket: the claim, the lease in ms a hand-over gives it
+-- ARGV[11] -> with a ticket: the description of its task, counted
+-- ARGV[12] -> with a ticket, what the caller does at a busy lock: "lead" waits in the
+--            queue if nobody else does (an entry other than a parked one), and parks
+--            otherwise; "wait" waits; "park" parks now, in its own entry's place if it
+--            has one
 --
 -- A lock and its queue share a hash tag, so one Redis Cluster slot; several locks are
 -- in several slots, so in Redis Cluster the caller sends one lock per call.
 -- Returns {fence 1, ..., fence n} when all locks are ours; {0, pttl, i} when lock i
 -- is the first that another token holds (pttl is -1 when the key has no expiry);
--- {-1, 0, i} when lock i is a lock with Limit(n) (a hash, see slots.lua).
+-- {-1, 0, i} when lock i is a lock with Limit(n) (a hash, see slots.lua); {-2, pttl,
+-- i} when the caller parked at lock i. Any of these is followed by the tickets of
+-- parked tasks a hand-over asks the caller to start, as handOver (plain.lua) gives
+-- them.
+--
+-- A parked task (layout.go) that arrives finding the lock handed to its ticket takes
+-- it under its own identity, with the fence of the hand-over: nobody held it between.
+-- One that finds it busy keeps its entry's place: a started entry becomes its
+-- waiter's entry (it waits in a worker, handed the lock as waiters are); a parked one
+-- stays parked unless nobody else waits (then it waits, in that place). Parked
+-- entries are found by their ticket, reading the whole queue: a park costs time in
+-- Redis in proportion to the line.
 --
 -- A key that already holds our token counts as ours (its lease is reset): a client
 -- that retried after a lost reply must not report "not obtained" while its first
@@ -46,18 +64,65 @@ local function enqueue(lock, q, v, e, pttl)
   if not redis.call('LPOS', q, e) then
     redis.call('RPUSH', q, e)
   end
-  redis.call('PEXPIRE', q, 2 * math.max(pttl, 1000) + 1000)
+  keepQueue(q, 2 * math.max(pttl, 1000) + 1000)
   if string.byte(v, STATE_AT) == HELD then
     redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL')
   end
 end
 
+-- park puts the caller (its waiter entry e, its ticket, claim and who) in queue q of
+-- lock, whose value is v, as ARGV[12] says: it returns "parked" or "wait". The queue
+-- then lives past the parked task's own return (its fallback, about a claim later).
+local function park(lock, q, v, e, pttl, ticket, claim, who, mode, start, i)
+  local all = redis.call('LRANGE', q, 0, -1)
+  local mine, at, waiting = nil, nil, false
+  for j, x in ipairs(all) do
+    local mark, t = parkedEntry(x)
+    if x == e then
+      mine, at = 'waiter', j
+    elseif mark and t == ticket then
+      mine, at = mark, j
+    elseif mark ~= PARKED then
+      waiting = true -- a waiter, or a task on its way
+    end
+  end
+  local parked = PARKED .. '.' .. ticket .. ' ' .. claim .. ' ' .. string.format('%d', math.floor(serverMicros() / 1000)) .. ' ' .. who
+  local wait
+  if mode == 'park' then
+    wait = false
+  elseif mode == 'wait' or mine == STARTED or mine == 'waiter' then
+    wait = true
+  else -- lead: the first in a worker, in its place
+    wait = not waiting and (mine ~= nil or #all == 0)
+  end
+  if wait then
+    if not mine then
+      redis.call('RPUSH', q, e)
+    elseif mine ~= 'waiter' then
+      redis.call('LSET', q, at - 1, e)
+    end
+  elseif not mine then
+    redis.call('RPUSH', q, parked)
+    if mode == 'lead' and not waiting then
+      prestart(q, start, i) -- nobody is on the way: the head goes
+    end
+  elseif mine ~= PARKED then
+    redis.call('LSET', q, at - 1, parked)
+  end
+  keepQueue(q, math.max(2 * math.max(pttl, 1000), 3 * tonumber(claim)) + 1000)
+  if string.byte(v, STATE_AT) == HELD then
+    redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL')
+  end
+  return wait and 'wait' or 'parked'
+end
+
 -- serve gives lock, free (v is nil or a tombstone, whose next holder names prev as
 -- the previous one), to the oldest listening waiter of queue q, if any: see handOver
--- (plain.lua); self is the caller's own entry, or nil. Returns what handOver does; when nobody was left, the lock is free again (a
+-- (plain.lua); self is the caller's own entry, or nil, and ticket its ticket, or nil.
+-- Returns what handOver does; when nobody was left, the lock is free again (a
 -- tombstone of the same releaser when handOver wrote waiters nobody heard over it).
-local function serve(lock, q, v, prev, self)
-  local served, last = handOver(lock, q, v, prev, ARGV[7], ARGV[8], self)
+local function serve(lock, q, v, prev, self, ticket, start, i)
+  local served, last = handOver(lock, q, v, prev, ARGV[7], ARGV[8], self, ticket, start, i)
   if not served and last ~= v then
     local r, p = NO_DESCRIPTION, ''
     if v then
@@ -69,9 +134,9 @@ local function serve(lock, q, v, prev, self)
 end
 
 -- take takes lock (queue q) or queues the waiter (head, its entry's head; "" for
--- none); it returns the fence (0: busy, -1: a lock with Limit(n) holds the key) and
--- the remaining lease of the holder.
-local function take(lock, q, id, ttl, head, queued, desc)
+-- none), or parks it (ARGV[9..12]); it returns the fence (0: busy, -1: a lock with
+-- Limit(n) holds the key, -2: parked) and the remaining lease of the holder.
+local function take(lock, q, id, ttl, head, queued, desc, start, i)
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- an error: a lock with Limit(n), a hash, holds the key
     return -1, 0
@@ -79,6 +144,10 @@ local function take(lock, q, id, ttl, head, queued, desc)
   local e = nil
   if head ~= '' then
     e = head .. ' ' .. id .. desc
+  end
+  local ticket = nil
+  if ARGV[9] ~= '' then
+    ticket = ARGV[9]
   end
   if v and held(v) then
     if ours(v, id) then
@@ -88,8 +157,19 @@ local function take(lock, q, id, ttl, head, queued, desc)
       end
       return fenceOf(v), 0
     end
+    if ticket and ours(v, parkedId(ticket)) then
+      -- Handed to our ticket: ours now, under our own identity and lease.
+      local _, prev = holder(v)
+      local f = fenceOf(v)
+      redis.call('SET', lock, value(f, string.byte(v, STATE_AT), serverMicros(), id .. desc, prev), 'PX', ttl)
+      return f, 0
+    end
     local pttl = redis.call('PTTL', lock)
-    if e then
+    if e and ticket then
+      if park(lock, q, v, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
+        return -2, pttl
+      end
+    elseif e then
       enqueue(lock, q, v, e, pttl)
     end
     return 0, pttl
@@ -97,11 +177,16 @@ local function take(lock, q, id, ttl, head, queued, desc)
   -- Free: absent, or a tombstone, which goes now.
   markReleased(lock, v)
   local prev = previous(v)
-  local served, last = serve(lock, q, v, prev, e)
+  local served, last = serve(lock, q, v, prev, e, ticket, start, i)
   if served == 'other' then
     local pttl = redis.call('PTTL', lock)
-    if e then
-      enqueue(lock, q, redis.call('GET', lock), e, pttl)
+    local nv = redis.call('GET', lock)
+    if e and ticket then
+      if park(lock, q, nv, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
+        return -2, pttl
+      end
+    elseif e then
+      enqueue(lock, q, nv, e, pttl)
     end
     return 0, pttl
   end
@@ -115,6 +200,13 @@ local function take(lock, q, id, ttl, head, queued, desc)
 end
 
 local n = #KEYS / 2
+local start = {}
+local function reply(r)
+  for _, t in ipairs(start) do
+    r[#r + 1] = t
+  end
+  return r
+end
 if ARGV[6] == '1' and n > 1 then
   -- All or none: find a busy lock before taking any. A free lock with listening
   -- waiters is busy: it goes to them.
@@ -122,24 +214,24 @@ if ARGV[6] == '1' and n > 1 then
     local lock, q = KEYS[2 * i - 1], KEYS[2 * i]
     local v = redis.pcall('GET', lock)
     if type(v) == 'table' then
-      return {-1, 0, i}
+      return reply({-1, 0, i})
     end
     if v and held(v) then
       if not ours(v, ARGV[1]) then
-        return {0, redis.call('PTTL', lock), i}
+        return reply({0, redis.call('PTTL', lock), i})
       end
-    elseif serve(lock, q, v, previous(v), nil) == 'other' then
+    elseif serve(lock, q, v, previous(v), nil, nil, start, i) == 'other' then
       markReleased(lock, v)
-      return {0, redis.call('PTTL', lock), i}
+      return reply({0, redis.call('PTTL', lock), i})
     end
   end
 end
 local fences = {}
 for i = 1, n do
-  local f, pttl = take(KEYS[2 * i - 1], KEYS[2 * i], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  local f, pttl = take(KEYS[2 * i - 1], KEYS[2 * i], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], start, i)
   if f <= 0 then
-    return {f, pttl, i}
+    return reply({f, pttl, i})
   end
   fences[i] = f
 end
-return fences
+return reply(fences)

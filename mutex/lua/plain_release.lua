@@ -17,11 +17,15 @@
 --            counts those of this node only)
 -- ARGV[5] -> how long the tombstone and the mark of a release stay, in milliseconds
 -- ARGV[6] -> the fence of the lock to release, or "0" when not known (several locks)
+-- ARGV[7] -> a ticket whose parked entries (layout.go) to take out of every queue
+--            first, or "": with ARGV[1] its parked identity, this releases a lock
+--            handed to a parked task that will not come (see Starter)
 --
 -- For each lock: 1 when released, 0 when the key is gone or holds another token, 2
 -- when our lock was released by force (plain_force.lua) since; in both of the latter
--- cases the lock is not touched. Returns 2 if any lock gave 2, else 0 if any gave 0,
--- else 1.
+-- cases the lock is not touched. Returns {2} if any lock gave 2, else {0} if any gave
+-- 0, else {1}, followed by the tickets of parked tasks the hand-overs ask the caller
+-- to start (handOver, plain.lua).
 --
 -- A release that finds its own tombstone, or its mark (however often the lock
 -- changed hands since, to a plain lock or one with Limit(n)), or the lock handed over
@@ -40,9 +44,24 @@ local function released(mark)
   return f ~= false and (ARGV[6] == '0' or tonumber(f) == tonumber(ARGV[6]))
 end
 
-local function release(lock, q, mark)
+local start = {}
+
+-- unpark takes the entries of ticket out of queue q.
+local function unpark(q, ticket)
+  for _, x in ipairs(redis.call('LRANGE', q, 0, -1)) do
+    local mark, t = parkedEntry(x)
+    if mark and t == ticket then
+      redis.call('LREM', q, 0, x)
+    end
+  end
+end
+
+local function release(lock, q, mark, i)
   if ARGV[2] ~= '' then
     redis.call('LREM', q, 0, ARGV[2])
+  end
+  if ARGV[7] ~= '' then
+    unpark(q, ARGV[7])
   end
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- a lock with Limit(n), a hash, took the key after us?
@@ -68,7 +87,7 @@ local function release(lock, q, mark)
   if state == WAITED then
     local fence = string.sub(v, 1, FENCE_DIGITS)
     local given
-    given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4], nil)
+    given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4], nil, nil, start, i)
     if given then
       redis.call('SET', mark, fence, 'PX', ARGV[5])
       return 1
@@ -80,9 +99,13 @@ end
 
 local res = 1
 for i = 1, #KEYS / 3 do
-  local r = release(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i])
+  local r = release(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], i)
   if r == 2 or (r == 0 and res == 1) then
     res = r
   end
 end
-return res
+local reply = {res}
+for _, t in ipairs(start) do
+  reply[#reply + 1] = t
+end
+return reply

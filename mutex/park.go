@@ -1,0 +1,160 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// This file is the line's other half: tasks that wait for a plain lock in Redis
+// alone, in no process, and are started when their turn comes (Park, Starter). Their
+// entries share the lock's queue with waiting goroutines (layout.go), so one line
+// keeps the order of both; the scripts hand the lock to a parked task as they hand
+// it to a waiter, and return its ticket for the caller's Starter to start.
+
+// ErrParked is joined with ErrNotObtained when an acquisition with Park did not get
+// the lock and left a parked entry in its line instead: a Starter will be asked to
+// start its ticket when its turn comes.
+var ErrParked = errors.New("mutex: parked in the key's line")
+
+// ParkMode says when an acquisition with Park parks rather than waits in its process.
+type ParkMode int
+
+const (
+	// ParkLead waits in the process when nobody else does (no waiter and no task on
+	// its way in the key's line), up to MaxWait, and parks otherwise: one task per
+	// busy key waits, to be handed the lock at once, while the rest wait in Redis.
+	ParkLead ParkMode = iota
+	// ParkAfterWait waits in the process up to MaxWait, as without Park, and parks
+	// when that ends.
+	ParkAfterWait
+)
+
+// Park lets an acquisition of one plain lock (Lock, WithLock; not TryLock, not a set
+// of keys, not Limit(n)) that finds the key busy leave its place in the key's line to
+// a parked entry for ticket, and return an error wrapping ErrNotObtained and
+// ErrParked, rather than wait on or leave the line: at once, or when its wait in the
+// process ends at MaxWait, as mode says. A wait that ends with the context does not
+// park.
+//
+// When the parked entry's turn comes, the lock is handed to the ticket for claim (a
+// lease nobody renews), and the Starter of the acquisition that handed it over (see
+// StartWith) is asked to start its task; so, a little earlier, is the Starter of the
+// hand-over before (the task at the head of the line is started ahead of its turn, to
+// wait for it in a process). The task arrives and takes the lock by acquiring it with
+// the same ticket: it holds it under its own token from then on, with the fence of
+// the hand-over. A task that arrives before its turn (its own fallback, a run by
+// hand) keeps its place. A lock handed to a ticket whose task does not come within
+// claim frees when the claim ends.
+//
+// ticket names the task to whoever starts it: it must be unique per task, non-empty,
+// at most 1000 bytes and without spaces; Park panics otherwise, or if claim is
+// outside [MinTTL, MaxTTL]. Finding a ticket's entry reads the key's whole line, so a
+// park costs time in Redis in proportion to the line.
+func Park(ticket string, claim time.Duration, mode ParkMode) LockOption {
+	if ticket == "" || len(ticket) > 1000 || strings.ContainsAny(ticket, " ") {
+		panic(fmt.Sprintf("mutex.Park: ticket %q is empty, longer than 1000 bytes, or has a space", show(ticket)))
+	}
+	if err := checkTTL(claim); err != nil {
+		panic("mutex.Park: claim " + err.Error())
+	}
+	p := &parking{ticket: ticket, claim: claim, mode: mode}
+	return lockOptionFunc(func(c *lockConfig) { c.park = p })
+}
+
+// Parked is a parked task whose turn has come, or is near (see Park).
+type Parked struct {
+	Key    string // the lock's key
+	Ticket string // as given to Park
+	// Started is set when a Starter was asked to start the ticket before, ahead of its
+	// turn: its task may be on its way.
+	Started bool
+}
+
+// Starter starts the task parked under p.Ticket, and reports gone when it will not
+// come: it no longer waits (deleted, archived, done, run elsewhere for good). The
+// lock handed to a gone ticket, if any, passes at once to the next in line, and its
+// entry leaves the line. A Starter runs in a goroutine of its own, at most one per
+// script call that handed over, with a context that ends after 10s; it must be safe
+// for concurrent use.
+type Starter func(ctx context.Context, p Parked) (gone bool)
+
+// StartWith gives an acquisition the Starter for the parked tasks that its attempts
+// and its release hand the lock to, or start ahead of their turn. Without one, a
+// parked task handed the lock is not started: it comes when its own fallback brings
+// it, and the lock handed to it frees when its claim ends.
+func StartWith(s Starter) LockOption {
+	return lockOptionFunc(func(c *lockConfig) { c.starter = s })
+}
+
+// parking is what Park asks for.
+type parking struct {
+	ticket string
+	claim  time.Duration
+	mode   ParkMode
+}
+
+// startTimeout bounds one call of a Starter.
+const startTimeout = 10 * time.Second
+
+// handed is a ticket a script asked to start: the lock and queue it waits at.
+type handed struct {
+	lock, queue string
+	ticket      string
+	started     bool
+}
+
+// scriptReply reads the reply of a lock script: its numbers, then the tickets to
+// start, "<i> <mark><ticket>", where i counts the locks of the call (keys come per
+// of them, the lock and its queue first).
+func scriptReply(cmd *redis.Cmd, keys []string, per int) (nums []int64, hs []handed, err error) {
+	vals, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, v := range vals {
+		switch x := v.(type) {
+		case int64:
+			if hs != nil {
+				return nil, nil, fmt.Errorf("unexpected reply %v", vals)
+			}
+			nums = append(nums, x)
+		case string:
+			is, rest, ok := strings.Cut(x, " ")
+			i, err := strconv.Atoi(is)
+			if !ok || err != nil || i < 1 || per*i > len(keys) || len(rest) < 2 {
+				return nil, nil, fmt.Errorf("unexpected reply %v", vals)
+			}
+			hs = append(hs, handed{lock: keys[per*(i-1)], queue: keys[per*(i-1)+1], ticket: rest[1:], started: rest[0] == startedMark})
+		default:
+			return nil, nil, fmt.Errorf("unexpected reply %v", vals)
+		}
+	}
+	return nums, hs, nil
+}
+
+// start has s start the tickets hs, in a goroutine, and passes on what a gone ticket
+// held. Without s, the tickets come by their own fallback.
+func (c *Client) start(s Starter, hs []handed) {
+	if s == nil || len(hs) == 0 {
+		return
+	}
+	go func() {
+		for n := 0; n < 100 && len(hs) > 0; n++ {
+			h := hs[0]
+			hs = hs[1:]
+			key, _ := keyOf(c.prefix, h.lock)
+			ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+			if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started}) {
+				_, more, _ := c.plain.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
+				hs = append(hs, more...)
+			}
+			cancel()
+		}
+	}()
+}

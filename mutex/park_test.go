@@ -1,0 +1,253 @@
+package mutex
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// starts records what a Starter was asked, and answers gone for the tickets in gone.
+type starts struct {
+	mu   sync.Mutex
+	got  []Parked
+	gone map[string]bool
+	ch   chan Parked
+}
+
+func newStarts() *starts { return &starts{gone: map[string]bool{}, ch: make(chan Parked, 16)} }
+
+func (s *starts) start(_ context.Context, p Parked) bool {
+	s.mu.Lock()
+	s.got = append(s.got, p)
+	gone := s.gone[p.Ticket]
+	s.mu.Unlock()
+	s.ch <- p
+	return gone
+}
+
+// next is the next ticket the Starter was asked to start, within d.
+func (s *starts) next(t *testing.T, d time.Duration) Parked {
+	t.Helper()
+	select {
+	case p := <-s.ch:
+		return p
+	case <-time.After(d):
+		t.Fatalf("no ticket started within %v", d)
+		return Parked{}
+	}
+}
+
+// none checks that nothing is started within d.
+func (s *starts) none(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case p := <-s.ch:
+		t.Fatalf("started %+v", p)
+	case <-time.After(d):
+	}
+}
+
+// lineOf is the entries of key's line, parked ones and waiters, oldest first.
+func lineOf(t *testing.T, b backend, c *Client, key string) []parsedEntry {
+	t.Helper()
+	es, err := b.admin.LRange(context.Background(), c.redisKey(key)+waitSuffix, 0, -1).Result()
+	require.NoError(t, err)
+	var out []parsedEntry
+	for _, e := range es {
+		out = append(out, readEntry(e))
+	}
+	return out
+}
+
+func TestParkedTaskIsHandedTheLockAndStarted(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		s := newStarts()
+		h, err := c.Lock(ctx, key, 10*time.Second, StartWith(s.start))
+		require.NoError(t, err)
+
+		// Parks at once, after no wait in the process.
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("t1", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond), HeldBy("pay", "t1"))
+		require.ErrorIs(t, err, ErrParked)
+		require.ErrorIs(t, err, ErrNotObtained)
+		line := lineOf(t, b, c, key)
+		require.Len(t, line, 1)
+		assert.True(t, line[0].parked)
+		assert.False(t, line[0].started)
+		assert.Equal(t, "t1", line[0].ticket)
+		assert.Equal(t, "pay", line[0].Name)
+		assert.WithinDuration(t, time.Now(), line[0].since, 5*time.Second)
+
+		// Parking again keeps one entry.
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("t1", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond), HeldBy("pay", "t1"))
+		require.ErrorIs(t, err, ErrParked)
+		require.Len(t, lineOf(t, b, c, key), 1)
+
+		require.NoError(t, h.Unlock(ctx))
+		p := s.next(t, 5*time.Second)
+		assert.Equal(t, Parked{Key: key, Ticket: "t1"}, p)
+		in, err := c.Inspect(ctx, key)
+		require.NoError(t, err)
+		require.True(t, in.Held, "the lock waits for its ticket's task")
+		assert.Equal(t, "pay", in.Holder.Name)
+		assert.Greater(t, in.Fence, h.Fence())
+		assert.LessOrEqual(t, in.TTL, 5*time.Second, "for the claim")
+
+		// Someone else finds it busy; the ticket's task claims it.
+		_, err = c.TryLock(ctx, key, time.Second)
+		require.ErrorIs(t, err, ErrNotObtained)
+		l, err := c.Lock(ctx, key, 10*time.Second, Park("t1", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.NoError(t, err)
+		assert.Equal(t, in.Fence, l.Fence(), "the fence of the hand-over")
+		d, err := l.TTL(ctx)
+		require.NoError(t, err)
+		assert.Greater(t, d, 5*time.Second, "its own lease")
+		require.NoError(t, l.Unlock(ctx))
+		assert.Empty(t, lineOf(t, b, c, key))
+	})
+}
+
+func TestParkLeadWaitsAndTheNextIsStartedAhead(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		s := newStarts()
+		h, err := c.Lock(ctx, key, 10*time.Second)
+		require.NoError(t, err)
+
+		lead := make(chan *Lock, 1)
+		go func() {
+			l, err := c.Lock(ctx, key, 10*time.Second, Park("a", 5*time.Second, ParkLead), MaxWait(10*time.Second), StartWith(s.start))
+			assert.NoError(t, err)
+			lead <- l
+		}()
+		waitForWaiters(t, b, c, key, 1)
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("b", 5*time.Second, ParkLead), MaxWait(10*time.Second))
+		require.ErrorIs(t, err, ErrParked, "someone waits in a process already")
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("c", 5*time.Second, ParkLead), MaxWait(10*time.Second))
+		require.ErrorIs(t, err, ErrParked)
+
+		require.NoError(t, h.Unlock(ctx))
+		a := <-lead
+		require.NotNil(t, a)
+		// The releaser had no Starter: b is marked started, its start left to its
+		// fallback; with one (a's), the next hand-over starts the head.
+		line := lineOf(t, b, c, key)
+		require.Len(t, line, 2)
+		assert.True(t, line[0].started, "b is on its way")
+		assert.Equal(t, "b", line[0].ticket)
+		assert.False(t, line[1].started)
+
+		// b arrives while a holds: it waits in its place, as a waiter.
+		gotB := make(chan *Lock, 1)
+		go func() {
+			l, err := c.Lock(ctx, key, 10*time.Second, Park("b", 5*time.Second, ParkLead), MaxWait(10*time.Second), StartWith(s.start))
+			assert.NoError(t, err)
+			gotB <- l
+		}()
+		require.Eventually(t, func() bool {
+			line := lineOf(t, b, c, key)
+			return len(line) == 2 && !line[0].parked
+		}, 5*time.Second, 5*time.Millisecond, "b's entry became its waiter's, in its place")
+
+		require.NoError(t, a.Unlock(ctx))
+		lb := <-gotB
+		require.NotNil(t, lb)
+		p := s.next(t, 5*time.Second)
+		assert.Equal(t, Parked{Key: key, Ticket: "c"}, p, "a's release started c ahead of its turn")
+		s.none(t, 100*time.Millisecond)
+		require.NoError(t, lb.Unlock(ctx))
+		p = s.next(t, 5*time.Second)
+		assert.Equal(t, Parked{Key: key, Ticket: "c", Started: true}, p, "b's release handed c the lock")
+	})
+}
+
+func TestGoneTicketPassesTheLockOn(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		s := newStarts()
+		s.gone["gone"] = true
+		h, err := c.Lock(ctx, key, 10*time.Second, StartWith(s.start))
+		require.NoError(t, err)
+		for _, tk := range []string{"gone", "next"} {
+			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+			require.ErrorIs(t, err, ErrParked)
+		}
+		require.NoError(t, h.Unlock(ctx))
+		assert.Equal(t, "gone", s.next(t, 5*time.Second).Ticket)
+		assert.Equal(t, "next", s.next(t, 5*time.Second).Ticket, "the lock went on to the next")
+		in, err := c.Inspect(ctx, key)
+		require.NoError(t, err)
+		assert.True(t, in.Held)
+		assert.Empty(t, lineOf(t, b, c, key))
+		_, err = c.TryLock(ctx, key, time.Second, Park("gone", 5*time.Second, ParkAfterWait))
+		require.ErrorIs(t, err, ErrNotObtained, "the gone ticket no longer holds it")
+	})
+}
+
+func TestParkedTicketNobodyStartsFreesAtItsClaim(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		h, err := c.Lock(ctx, key, 10*time.Second)
+		require.NoError(t, err)
+		claim := 300 * time.Millisecond
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("t", claim, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+		require.NoError(t, h.Unlock(ctx)) // no Starter: nobody starts t
+		in, err := c.Inspect(ctx, key)
+		require.NoError(t, err)
+		require.True(t, in.Held, "handed to t")
+		assert.LessOrEqual(t, in.TTL, claim)
+		b.expire(t, c.redisKey(key))
+		_, err = c.TryLock(ctx, key, time.Second)
+		require.NoError(t, err, "free once its claim ended")
+	})
+}
+
+func TestParkedTaskArrivingEarlyKeepsItsPlace(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		h, err := c.Lock(ctx, key, 10*time.Second)
+		require.NoError(t, err)
+		for _, tk := range []string{"x", "y", "z"} {
+			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+			require.ErrorIs(t, err, ErrParked)
+		}
+		// y comes back by its fallback, or run by hand: it parks again in its place.
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("y", 5*time.Second, ParkLead), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrNotObtained)
+		var tickets []string
+		for _, e := range lineOf(t, b, c, key) {
+			tickets = append(tickets, e.ticket)
+		}
+		assert.Equal(t, []string{"x", "y", "z"}, tickets)
+		require.NoError(t, h.Unlock(ctx))
+	})
+}
+
+func TestParkRefusesWhatItCannotPark(t *testing.T) {
+	c := New(sharedServer(t))
+	ctx := context.Background()
+	_, err := c.Lock(ctx, "k", time.Second, Park("t", time.Second, ParkLead), Limit(2))
+	require.ErrorContains(t, err, "Park applies to a plain lock")
+	_, err = c.LockKeys(ctx, []string{"a", "b"}, time.Second, Park("t", time.Second, ParkLead))
+	require.ErrorContains(t, err, "Park applies to one key")
+	for _, bad := range []string{"", "a b", strings.Repeat("x", 1001)} {
+		assert.Panics(t, func() { Park(bad, time.Second, ParkLead) }, "ticket %q", bad)
+	}
+	assert.Panics(t, func() { Park("t", time.Millisecond, ParkLead) })
+}

@@ -23,9 +23,10 @@ import (
 // refused decides what task tk pays for refusal r (its key was busy, at its rate
 // limit, or not yet the task's turn), reports it to Observe and AfterFailure, and
 // returns the task's result: under Skip none, under Fail an ordinary error; under
-// RetryLater, a task with no retry left is archived and a task past a reschedule cap
-// fails, while any other is sent back for a while without spending a retry (see
-// Configure), for how long depending on what was busy.
+// Park or RetryLater, a task with no retry left is archived and a task past a
+// reschedule cap fails, while any other is sent back without spending a retry (see
+// Configure): a parked task for its fallback, to be started before it when its turn
+// comes; any other for a while, for how long depending on what was busy.
 func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 	le, id := r.le, tk.meta.id
 	le.taskType, le.taskID = tk.Type(), id
@@ -55,8 +56,8 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 		report("archive")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
-	rec := conflicts.Record{N: 1} // a conflict Redis did not count is taken as a first one
-	if id != "" {
+	rec := conflicts.Record{N: 1}              // a conflict Redis did not count is taken as a first one
+	if id != "" && (!r.parked || m.capped()) { // a park has no backoff to count for
 		if got, err := m.conflicts.Count(ctx, tk.meta.queue, id, m.expiryOf(tk.meta)); err != nil {
 			m.countFailed(ctx, tk.Type(), id, showKeys(le.Key, le.Keys), err)
 		} else {
@@ -68,7 +69,14 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 		report("fail")
 		return fmt.Errorf("%s: %w", le.Error(), mutex.ErrNotObtained)
 	}
+	delay := m.policy.retryDelay()
 	switch {
+	case r.parked:
+		// Its fallback: it is started when its turn comes, and comes back by itself
+		// after this if that start is lost.
+		le.RetryIn, le.parked = m.claim(), true
+		report("park")
+		return le
 	case le.limited != nil:
 		// The time until a start is free, not a backoff: waiting longer leaves the
 		// key's starts unused.
@@ -78,12 +86,12 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 		// contended key to calm down, and each doubling would delay the key's tail.
 		// A task waiting for one that is due later comes back a second after it, so
 		// as to find it queued ahead of itself.
-		le.RetryIn = time.Duration(m.policy)
+		le.RetryIn = delay
 		if due := time.Until(le.turn.due); due > 0 {
 			le.RetryIn = max(le.RetryIn, wholeSeconds(due)+time.Second)
 		}
 	default:
-		le.RetryIn = backoff(time.Duration(m.policy), rec.N)
+		le.RetryIn = backoff(delay, rec.N)
 	}
 	report("retry")
 	return le
@@ -181,10 +189,14 @@ func cappedExpiry(d time.Duration, meta taskMeta) time.Duration {
 
 // expiryOf is how long the record of a task outlives a conflict it counts in.
 func (m *middleware) expiryOf(meta taskMeta) time.Duration {
-	if m.capped() {
-		return cappedExpiry(time.Duration(m.policy), meta)
+	d := m.policy.retryDelay()
+	if m.policy == Park {
+		d = max(d, m.claim()) // a parked task counts again at its fallback
 	}
-	return recordExpiry(time.Duration(m.policy))
+	if m.capped() {
+		return cappedExpiry(d, meta)
+	}
+	return recordExpiry(d)
 }
 
 // capped reports whether a reschedule cap is set.

@@ -15,9 +15,10 @@ type Op uint8
 // contended, released, lost) is reported by package mutex (mutex.Observe).
 const (
 	// OpConflict: the middleware did not run a task because its key was busy. Policy
-	// says what became of the task: "skip", "fail", "retry" (sent back under
-	// RetryLater) or "archive" (no retry was left, or past a reschedule cap with none
-	// left). Err is the *LockedError; Wait how long the task tried.
+	// says what became of the task: "park" (it waits in its key's line, under Park),
+	// "skip", "fail", "retry" (sent back for a while, under RetryLater or what Park
+	// does not park) or "archive" (no retry was left, or past a reschedule cap with
+	// none left). Err is the *LockedError; Wait how long the task tried.
 	OpConflict Op = iota + 1
 	// OpBadInput: the middleware archived a task because no key could be derived
 	// from it; Err says why.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 	"github.com/asynqmutex/asynqmutex/mutex"
@@ -12,8 +13,9 @@ import (
 // lockGate takes the task's lock (or all its keys, or one of its key's Limit(n)
 // slots), waiting up to what is left of its wait, and passes the task on while it
 // holds it: the lock is renewed meanwhile and released when the rest of the path
-// returns. It refuses the task when its key stays busy, and fails it when Redis
-// cannot say. A lock lost while the handler ran is left in tk for the outcome.
+// returns. It refuses the task when its key stays busy (under Park, once it parked in
+// its key's line), and fails it when Redis cannot say. A lock lost while the handler
+// ran is left in tk for the outcome.
 func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.Context) error) error {
 	var (
 		entered bool
@@ -26,10 +28,13 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	}
 	wait, held := mutex.MaxWait(m.waitLeft(ctx, tk)), mutex.HeldBy(tk.Type(), tk.meta.id)
 	var err error
-	if tk.keys != nil {
-		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held)
-	} else {
-		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, wait, held, m.limitOpt)
+	switch park := m.parking(ctx, tk); {
+	case tk.keys != nil:
+		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held, m.startWith)
+	case park != nil:
+		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.startWith)
+	default:
+		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, wait, held, m.limitOpt, m.startWith)
 	}
 	switch {
 	case entered:
@@ -49,5 +54,35 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	if busy, ok := mutex.BusyKey(err); ok {
 		le.Key = busy
 	}
-	return &refusal{op: OpConflict, le: le}
+	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked)}
 }
+
+// parking is what task tk's lock is taken with under Park, mutex.Park and its
+// MaxWait, or nil when the task does not park: under another policy; with several
+// keys or Limit(n); outside an asynq server, which alone can start it again; on its
+// last try or past a reschedule cap, where a conflict ends as RetryLater says; or
+// with less than DeadlineMargin left before its deadline. The first task in the line
+// waits up to LeadWait before it parks; with MaxWait, every task waits up to MaxWait
+// first.
+func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
+	left := m.waitLeft(ctx, tk) // sets lastTry and pastCap
+	if m.policy != Park || tk.keys != nil || m.limit > 1 || tk.meta.id == "" || tk.meta.queue == "" || tk.lastTry || tk.pastCap != nil {
+		return nil
+	}
+	mode, wait := mutex.ParkAfterWait, left
+	if m.maxWait == 0 {
+		mode, wait = mutex.ParkLead, LeadWait
+		if deadline, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(deadline)-DeadlineMargin)
+		}
+	}
+	if wait <= 0 {
+		return nil
+	}
+	return []mutex.LockOption{mutex.Park(ticket(tk.meta.queue, tk.meta.id), m.claim(), mode), mutex.MaxWait(wait)}
+}
+
+// claim is how long a key handed to a parked task waits for it to arrive, and how
+// long at most a parked task waits before it comes back by itself: the lock's TTL,
+// in whole seconds.
+func (m *middleware) claim() time.Duration { return wholeSeconds(m.ttl) }

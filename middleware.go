@@ -58,7 +58,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	}
 	m := &middleware{
 		locks:  locks,
-		config: config{ttl: DefaultTTL, policy: Policy(DefaultRetryDelay), meta: asynqMeta, limit: 1, orderGrace: DefaultOrderGrace},
+		config: config{ttl: DefaultTTL, policy: Park, meta: asynqMeta, limit: 1, orderGrace: DefaultOrderGrace},
 	}
 	for _, o := range opts {
 		o.apply(&m.config)
@@ -67,10 +67,16 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	m.checkRate()
 	m.checkOrder(true)
 	if m.capped() && (m.policy == Skip || m.policy == Fail) {
-		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater, not to %v", m.policy))
+		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater and Park, not to %v", m.policy))
 	}
 	m.conflicts = conflicts.New(store.New(locks.Redis()), locks.Prefix())
 	m.limitOpt = mutex.Limit(m.limit)
+	insp := m.inspector
+	if insp == nil {
+		insp = asynq.NewInspectorFromRedisClient(locks.Redis())
+	}
+	m.starter = &starter{insp: insp, log: m.log}
+	m.startWith = mutex.StartWith(m.starter.start)
 	if m.rateBy != "" {
 		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))
 	}
@@ -101,6 +107,8 @@ type middleware struct {
 	config
 	conflicts *conflicts.Counter // on the locks' Redis and prefix
 	limitOpt  mutex.LockOption   // mutex.Limit(limit)
+	starter   *starter           // starts parked tasks (Park)
+	startWith mutex.LockOption   // mutex.StartWith(starter.start): every lock passes it
 	rates     *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 	seq       *order.Sequencer   // with InOrder: on the locks' Redis and prefix
 	stalls    stallWatch         // with InOrder: keys stalled behind a pending task
@@ -160,8 +168,9 @@ type task struct {
 // rate limit or paused, or not yet the task's turn). It says what was busy; busy.go
 // decides what that costs the task.
 type refusal struct {
-	op Op           // OpConflict, OpLimited or OpOutOfTurn
-	le *LockedError // what was busy, in the error the task may return
+	op     Op           // OpConflict, OpLimited or OpOutOfTurn
+	le     *LockedError // what was busy, in the error the task may return
+	parked bool         // the task parked in its key's line (Park)
 }
 
 func (r *refusal) Error() string { return r.le.Error() }

@@ -49,17 +49,18 @@ func once(name, call string, set func(*config)) Option {
 type config struct {
 	given map[string]string // the options given, by name, as called (see once)
 
-	key      KeyFunc  // one key per task
-	keys     KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
-	keySetBy string   // the option that set key or keys: On, OnEach, KeyBy, KeysBy
-	keyCall  string   // that option as called, On("id"), to name it when refusing a second
-	fields   []string // On's or OnEach's fields: key or keys are made from them in Middleware
-	scope    string   // Scope: the name in keys instead of the task type
-	ttl      time.Duration
-	maxWait  time.Duration
-	policy   Policy
-	hook     func(context.Context, *asynq.Task, error)
-	logger   *slog.Logger // nil: slog.Default() at the time of logging
+	key       KeyFunc  // one key per task
+	keys      KeysFunc // several keys per task (OnEach, KeysBy); then key is nil
+	keySetBy  string   // the option that set key or keys: On, OnEach, KeyBy, KeysBy
+	keyCall   string   // that option as called, On("id"), to name it when refusing a second
+	fields    []string // On's or OnEach's fields: key or keys are made from them in Middleware
+	scope     string   // Scope: the name in keys instead of the task type
+	ttl       time.Duration
+	maxWait   time.Duration
+	policy    Policy
+	inspector *asynq.Inspector // Inspector: nil for one on the lock Redis
+	hook      func(context.Context, *asynq.Task, error)
+	logger    *slog.Logger // nil: slog.Default() at the time of logging
 
 	maxReschedules    int           // 0: no cap
 	maxRescheduleTime time.Duration // 0: no cap
@@ -150,14 +151,27 @@ func MaxWait(d time.Duration) Option {
 	return once("MaxWait", fmt.Sprintf("MaxWait(%v)", d), func(c *config) { c.maxWait = d })
 }
 
-// OnConflict sets what happens when the key stays busy: Skip, Fail or RetryLater(d).
-// The default is RetryLater(DefaultRetryDelay). OnConflict panics on a Policy that
-// none of those returned.
+// OnConflict sets what happens when the key stays busy: Park, Skip, Fail or
+// RetryLater(d). The default is Park. OnConflict panics on a Policy that none of those
+// returned.
 func OnConflict(p Policy) Option {
 	if !p.valid() {
 		panic(fmt.Sprintf("asynqmutex.OnConflict: invalid policy %d", p))
 	}
 	return once("OnConflict", fmt.Sprintf("OnConflict(%v)", p), func(c *config) { c.policy = p })
+}
+
+// Inspector is the asynq Inspector through which Park starts parked tasks: one of
+// the Redis asynq's servers use. The default is one on the lock Client's Redis
+// (asynq.NewInspectorFromRedisClient), right when tasks and locks share a Redis; give
+// this when they do not. With the wrong one, parked tasks are not found, which is
+// logged at Error once, and they come back only by their fallback. Inspector panics
+// if i is nil.
+func Inspector(i *asynq.Inspector) Option {
+	if i == nil {
+		panic("asynqmutex.Inspector: nil *asynq.Inspector")
+	}
+	return once("Inspector", "Inspector(...)", func(c *config) { c.inspector = i })
 }
 
 // Limit lets up to n tasks with the same key run at once, on every worker that

@@ -29,6 +29,12 @@ const DeadlineMargin = 500 * time.Millisecond
 // (asynq.Inspector.RunTask) once the key is free.
 const LastTryWait = 30 * time.Second
 
+// LeadWait is how long, under Park without MaxWait, the first task in a busy key's
+// line waits in its worker for the key before it parks too: it is handed the key the
+// moment the key frees, while the tasks behind it wait in Redis. A key held longer
+// than this costs its lead this much of a worker, once.
+const LeadWait = time.Second
+
 // MaxReschedules caps how many times RetryLater sends one task back for a busy key:
 // the task's conflict after its n-th reschedule, and every one after that, fails as
 // under Fail. It returns an ordinary error wrapping mutex.ErrNotObtained, so asynq
@@ -43,8 +49,8 @@ const LastTryWait = 30 * time.Second
 // cap: a task is sent back for as long as its key stays busy. A conflict Redis
 // cannot count is not counted toward the cap (see RetryLater).
 //
-// MaxReschedules applies to RetryLater only; Middleware panics if it is given with
-// Skip or Fail. MaxReschedules panics if n is less than 1: to never reschedule, use
+// MaxReschedules applies to RetryLater and Park (where each park counts); Middleware
+// panics if it is given with Skip or Fail. MaxReschedules panics if n is less than 1: to never reschedule, use
 // OnConflict(Fail).
 func MaxReschedules(n int) Option {
 	if n < 1 {
@@ -62,7 +68,7 @@ func MaxReschedules(n int) Option {
 // past it. The default is no cap; given with MaxReschedules, whichever cap is
 // reached first applies.
 //
-// MaxRescheduleTime applies to RetryLater only; Middleware panics if it is given
+// MaxRescheduleTime applies to RetryLater and Park; Middleware panics if it is given
 // with Skip or Fail. MaxRescheduleTime panics if d is zero or negative.
 func MaxRescheduleTime(d time.Duration) Option {
 	if d <= 0 {
@@ -72,11 +78,37 @@ func MaxRescheduleTime(d time.Duration) Option {
 }
 
 // Policy says what the middleware does with a task whose key another task holds
-// (after waiting up to MaxWait). The policies are Skip, Fail and RetryLater(d); the
-// default is RetryLater(DefaultRetryDelay). A Policy is a plain value, safe to share.
+// (after waiting up to MaxWait). The policies are Park, Skip, Fail and RetryLater(d);
+// the default is Park. A Policy is a plain value, safe to share.
 type Policy time.Duration
 
 const (
+	// Park, the default, leaves the task's worker at once and has the task wait in
+	// its key's line in the lock Redis, holding no worker and spending no retry: the
+	// release that frees the key hands it to the first in line and starts that task
+	// (asynq's Inspector.RunTask moves it from the retry set to its queue), so it
+	// runs the moment the key frees, in the order the tasks met the key. One task per
+	// busy key, the first in line, waits in its worker instead, up to LeadWait, to be
+	// handed the key at once (with MaxWait, every task waits up to MaxWait in its
+	// worker before it parks); and the task after it is
+	// started as it is handed the key, so that it too waits in a worker rather than
+	// in asynq's queue.
+	//
+	// The handler returns a *LockedError with RetryIn = TTL, rounded up to whole
+	// seconds: a parked task whose start is lost (the process that was to start it
+	// died, Redis lost the line) comes back by itself after that, and keeps its place
+	// in the line if it is still in it. Configure is needed, as for RetryLater: without
+	// it each park spends a retry. A parked task that an operator deletes, archives or
+	// runs is passed over, or keeps its place when it arrives early.
+	//
+	// Park applies to a task's lock: one key, Limit(1), run by an asynq server. A
+	// task that finds a Limit(n) key full, several keys (OnEach) busy, its key at its
+	// rate limit or paused, or not yet its turn under InOrder is sent back as under
+	// RetryLater(DefaultRetryDelay); so is a task with no retry left, which waits as
+	// RetryLater says. MaxReschedules and MaxRescheduleTime count parks too. See
+	// docs/conflicts.md for the line, its bounds and its failure cases.
+	Park Policy = -3
+
 	// Skip completes the task without running it: the handler returns nil, so asynq
 	// deletes the task (or keeps it as completed when it has a Retention). Use it for
 	// work that any concurrent run makes redundant, like refreshing a cache.
@@ -100,6 +132,11 @@ const DefaultRetryDelay = 5 * time.Second
 // ordinary error that spends a retry, and asynq's own backoff sets the delay. A task
 // is sent back for as long as its key stays busy unless MaxReschedules or
 // MaxRescheduleTime caps that; past a cap its conflicts fail as under Fail.
+//
+// Park, the default, costs less for most keys: a task waits in its key's line and
+// starts the moment the key frees, rather than after a guessed delay. RetryLater
+// suits tasks that should leave the key alone for a while, and a fleet whose
+// processes cannot reach asynq's Redis through an Inspector.
 //
 // A task with no retry left (MaxRetry(0), or retries used up by real failures) would
 // be archived by asynq for any error, so it waits for the key instead, up to
@@ -131,12 +168,23 @@ func RetryLater(d time.Duration) Policy {
 // valid reports whether p is Skip, Fail, or what RetryLater returns: a whole number
 // of seconds, at least one.
 func (p Policy) valid() bool {
-	return p == Skip || p == Fail || time.Duration(p) >= time.Second && time.Duration(p)%time.Second == 0
+	return p == Park || p == Skip || p == Fail || time.Duration(p) >= time.Second && time.Duration(p)%time.Second == 0
 }
 
-// String returns "Skip", "Fail" or "RetryLater(d)".
+// retryDelay is RetryLater's delay, or DefaultRetryDelay under Park, for what does
+// not park.
+func (p Policy) retryDelay() time.Duration {
+	if p == Park {
+		return DefaultRetryDelay
+	}
+	return time.Duration(p)
+}
+
+// String returns "Park", "Skip", "Fail" or "RetryLater(d)".
 func (p Policy) String() string {
 	switch p {
+	case Park:
+		return "Park"
 	case Skip:
 		return "Skip"
 	case Fail:
@@ -177,6 +225,8 @@ type LockedError struct {
 	pauseErr error         // with paused: why the key was not paused, nil if it was
 
 	turn *turnWait // under InOrder: an earlier task of the key had not finished
+
+	parked bool // under Park: the task waits in its key's line; RetryIn is its fallback
 }
 
 // Error names the task and the key, shortened past 100 bytes (with a digest), on
@@ -217,6 +267,8 @@ func (e *LockedError) Error() string {
 		if e.archived {
 			msg += " and, with no retry left, the task is archived"
 		}
+	case e.parked:
+		msg += fmt.Sprintf("; parked in its line, started when its turn comes (back by itself in %v at the latest)", e.RetryIn)
 	case e.archived:
 		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
 	case e.RetryIn > 0:

@@ -129,7 +129,7 @@ func New(opts ...Option) *Collector {
 		releaseFailures: counterVec("lock_release_failures_total",
 			"Number of releases that got no answer from Redis (tried again until Redis answers or the lease ends); broken down by task type.", "task_type"),
 		conflicts: counterVec("task_conflicts_total",
-			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, archive).", "task_type", "policy"),
+			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, park, archive).", "task_type", "policy"),
 		badInput: counterVec("task_bad_input_total",
 			"Number of tasks archived because no lock key could be derived from them; broken down by task type.", "task_type"),
 		limited: counterVec("task_rate_limited_total",
@@ -288,7 +288,7 @@ func gapReason(err error) string {
 // policy is p as a label value: one of the middleware's, or Other.
 func policy(p string) string {
 	switch p {
-	case "skip", "fail", "retry", "archive":
+	case "skip", "fail", "retry", "park", "archive":
 		return p
 	}
 	return Other

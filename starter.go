@@ -1,0 +1,111 @@
+package asynqmutex
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex/internal/shortkey"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// This file is the asynq side of parking (see Park): a parked task is named in its
+// key's line by a ticket made of its queue and ID, and started, when its turn comes,
+// by asynq's public Inspector: RunTask moves it from the retry set to its queue.
+
+// ticket names task id of queue in its key's line: both base64url, joined by '.'.
+func ticket(queue, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(queue)) + "." + base64.RawURLEncoding.EncodeToString([]byte(id))
+}
+
+// fromTicket reads what ticket wrote.
+func fromTicket(t string) (queue, id string, ok bool) {
+	q, i, ok := strings.Cut(t, ".")
+	qb, err1 := base64.RawURLEncoding.DecodeString(q)
+	ib, err2 := base64.RawURLEncoding.DecodeString(i)
+	return string(qb), string(ib), ok && err1 == nil && err2 == nil && len(qb) > 0 && len(ib) > 0
+}
+
+// starter starts parked tasks through an Inspector of asynq's Redis.
+type starter struct {
+	insp   *asynq.Inspector
+	log    func() *slog.Logger
+	warned atomic.Bool // a queue was not found: logged once
+}
+
+// activeFor bounds how long a starter waits for a task that has just parked to be
+// back in asynq's retry set (its handler is returning): asynq moves it there as
+// soon as the middleware returns.
+const activeFor = 2 * time.Second
+
+// start starts the task parked under p's ticket, and reports gone when it will not
+// come: it is not in its queue (deleted, or done and not kept), archived, or
+// completed. A task in the retry set (or scheduled) is moved to its queue; one that
+// is pending is on its way already; one that is active is on its way when it was
+// started before (p.Started), and is returning from its park otherwise, so start
+// waits, a while, for it to be in the retry set. A Redis error leaves the task to its
+// fallback: the lock handed to it frees when its claim ends.
+//
+// Between reading a task's state and RunTask an operator may act on it; RunTask
+// moves only a task that is scheduled, retrying or archived, so a task archived in
+// that instant is run once more. asynq's public API offers nothing tighter.
+func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
+	queue, id, ok := fromTicket(p.Ticket)
+	if !ok {
+		return true // not a ticket of ours: nobody to start
+	}
+	pause := 5 * time.Millisecond
+	for deadline := time.Now().Add(activeFor); ; {
+		info, err := s.insp.GetTaskInfo(queue, id)
+		switch {
+		case errors.Is(err, asynq.ErrTaskNotFound):
+			return true
+		case errors.Is(err, asynq.ErrQueueNotFound):
+			s.queueNotFound(ctx, queue, id)
+			return true
+		case err != nil:
+			return false
+		}
+		switch info.State {
+		case asynq.TaskStateRetry, asynq.TaskStateScheduled:
+			if err := s.insp.RunTask(queue, id); err == nil {
+				return false
+			}
+			// It moved meanwhile: look again.
+		case asynq.TaskStatePending:
+			return false
+		case asynq.TaskStateActive:
+			if p.Started {
+				return false
+			}
+		default: // archived, completed, aggregating: not ours to run
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
+// queueNotFound logs, once, that the Inspector does not know a parked task's queue:
+// it reads another Redis than asynq's.
+func (s *starter) queueNotFound(ctx context.Context, queue, id string) {
+	if s.warned.Swap(true) {
+		return
+	}
+	s.log().LogAttrs(ctx, slog.LevelError, "asynqmutex: a parked task's queue is not in the Redis the Inspector reads, so parked tasks come back only after their fallback (the lock's TTL); give Middleware the Inspector of asynq's Redis (option Inspector)",
+		slog.String("queue", shortkey.Shorten(queue)),
+		slog.String("task_id", shortkey.Shorten(id)))
+}

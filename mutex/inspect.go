@@ -84,6 +84,13 @@ type Info struct {
 	// stays listed until a release passes it over or the queue expires.
 	Waiting int
 	Waiters []Holder
+	// Parked is how many of Waiting are parked tasks (see Park), started ones
+	// included, and ParkedFor how long the oldest of them has waited in the line when
+	// the lock was read, by the Redis server's clock. Both are 0 when none is parked,
+	// for a lock with Limit(n) (whose line holds no parked tasks), and in
+	// ForceRelease's Released.Before, which does not count them.
+	Parked    int
+	ParkedFor time.Duration
 	// Limit is n for a key held with Limit(n), n > 1, and 0 for a plain lock; Slots
 	// then lists every holder, oldest fence first, and Holder, Fence, Since and
 	// HeldFor describe the newest, while TTL is the longest lease left.
@@ -104,31 +111,41 @@ type Slot struct {
 // maxListedWaiters is how many waiters Inspect returns.
 const maxListedWaiters = 100
 
-// Inspect reads the lock on key and up to its first 100 waiters, changing nothing. A
-// key nobody holds gives an Info with Held false (and no error). It returns a wrapped
-// Redis error when Redis cannot be reached. Safe for concurrent use.
+// Inspect reads the lock on key and up to its first 100 waiters, and counts its
+// parked tasks, changing nothing. Counting them reads the key's whole line, so it
+// costs time in Redis in proportion to the line. A key nobody holds gives an Info
+// with Held false (and no error). It returns a wrapped Redis error when Redis cannot
+// be reached. Safe for concurrent use.
 func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
-	return c.inspect(ctx, key, maxListedWaiters)
+	return c.inspect(ctx, key, maxListedWaiters, true)
 }
 
 // Locked reports whether anyone holds the lock on key. The answer may be stale by the
 // time it returns; use it for monitoring, not to decide whether to lock.
 func (c *Client) Locked(ctx context.Context, key string) (bool, error) {
-	in, err := c.inspect(ctx, key, 0)
+	in, err := c.inspect(ctx, key, 0, false)
 	return in.Held, err
 }
 
-// inspect is Inspect listing up to n waiters.
-func (c *Client) inspect(ctx context.Context, key string, n int) (Info, error) {
+// inspect is Inspect listing up to n waiters, and counting parked tasks if parked.
+func (c *Client) inspect(ctx context.Context, key string, n int, parked bool) (Info, error) {
 	if key == "" {
 		return Info{}, errors.New("mutex: empty key")
 	}
 	rkey := c.redisKey(key)
-	res, err := c.run.Run(ctx, inspectScript, c.inspectKeys(rkey), n).Slice()
+	res, err := c.run.Run(ctx, inspectScript, c.inspectKeys(rkey), n, countParked(parked)).Slice()
 	if err != nil {
 		return Info{}, fmt.Errorf("mutex: inspect %s: %w", show(key), err)
 	}
 	return c.info(rkey, res)
+}
+
+// countParked is inspect.lua's ARGV[2]: whether it counts parked tasks.
+func countParked(yes bool) string {
+	if yes {
+		return "1"
+	}
+	return "0"
 }
 
 // inspectKeys are the keys inspect.lua reads of the lock at Redis key rkey.
@@ -153,6 +170,13 @@ func (c *Client) info(rkey string, res []any) (Info, error) {
 		in.Waiters = append(in.Waiters, readEntry(s).Holder)
 	}
 	now := serverTime(res[5])
+	if len(res) >= 8 { // not from plain_force.lua, whose reply has no counts
+		parked, _ := res[6].(int64)
+		in.Parked = int(parked)
+		if oldest, ok := res[7].(int64); ok && parked > 0 && !now.IsZero() {
+			in.ParkedFor = max(now.Sub(time.UnixMilli(oldest)), 0)
+		}
+	}
 	switch typ {
 	case "none":
 		return in, nil
@@ -239,11 +263,12 @@ func serverTime(reply any) time.Time {
 // order, reading them SCAN batch by batch with one pipelined script call per key
 // (with a Cluster client, every master is scanned in turn; a single-node client
 // pointed at one Cluster node sees that node's keys only). Waiters holds no entries;
-// Waiting counts them. A lock taken or released while List runs may or may not be
-// yielded. Iteration stops at the first error, which is yielded with a zero Info. Safe
-// for concurrent use.
+// Waiting counts them, and Parked the parked tasks among them, reading each key's
+// whole line. A lock taken or released while List runs may or may not be yielded.
+// Iteration stops at the first error, which is yielded with a zero Info. Safe for
+// concurrent use.
 func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
-	return store.List(ctx, c.run, "mutex: list", store.EscapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0},
+	return store.List(ctx, c.run, "mutex: list", store.EscapeGlob(c.prefix)+"{*}", "", inspectScript, c.inspectKeys, []any{0, countParked(true)},
 		func(rkey string, reply []any) (Info, bool, error) {
 			in, err := c.info(rkey, reply)
 			return in, err == nil && in.Held, err
@@ -252,8 +277,9 @@ func (c *Client) List(ctx context.Context) iter.Seq2[Info, error] {
 
 // Released is what ForceRelease did.
 type Released struct {
-	// Before is the lock as it was, its waiters counted but not listed. Before.Held
-	// is false when nobody held it: then nothing changed.
+	// Before is the lock as it was, its waiters counted but not listed, its parked
+	// tasks not counted (Parked and ParkedFor are 0). Before.Held is false when
+	// nobody held it: then nothing changed.
 	Before Info
 	// Fence is the fence of the waiter the lock was handed to, HandedTo what that
 	// waiter recorded about itself; 0 and empty when the lock became free.

@@ -152,6 +152,8 @@ Commands:
   list     every held lock under the prefix, sorted by key: holder (task ID
            cut to 8 characters; a task whose turn it is in its key's order by
            its task type and place), held for, lease left, fence, waiters
+           ("12 (10 parked, oldest 4.2s)": 10 of them are tasks parked in the
+           key's line, holding no worker, the oldest for 4.2s)
   show     one lock in full, with its waiters in the order they are served
   release  free a lock whoever holds it (needs --force); it goes to the first
            waiter, if any. The holder is not told until it next renews, and its

@@ -67,7 +67,7 @@ func list(ctx context.Context, locks *mutex.Client, orders *order.Sequencer, p *
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHOLDER\tHELD FOR\tLEASE\tFENCE\tWAITING")
 	for i, in := range held {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.tableKey(in), holderBrief(in, places[i]), p.heldFor(in), leaseText(in), fenceText(in), in.Waiting)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.tableKey(in), holderBrief(in, places[i]), p.heldFor(in), leaseText(in), fenceText(in), waitingText(in))
 	}
 	return tw.Flush()
 }
@@ -156,7 +156,7 @@ func (p *printer) showText(in mutex.Info, all []found[mutex.Info], shown int, gi
 			field("Last fence:", "%d (released recently; the next holder's will be higher)", in.Fence)
 		}
 	}
-	field("Waiting:", "%d", in.Waiting)
+	field("Waiting:", "%s", waitingText(in))
 	for i, w := range in.Waiters {
 		fmt.Fprintf(p.w, "  %d. %s\n", i+1, printable(w.String()))
 	}
@@ -205,14 +205,14 @@ func release(ctx context.Context, locks *mutex.Client, key, given string, p *pri
 	if r.Repeated {
 		// The request was sent again after its reply was lost, and found its own work.
 		if p.json {
-			return p.encode(releaseJSON{Key: key, RedisKey: before.RedisKey, Released: true, Repeated: true, Before: p.lockJSON(before, false)})
+			return p.encode(releaseJSON{Key: key, RedisKey: before.RedisKey, Released: true, Repeated: true, Before: p.beforeJSON(before)})
 		}
 		_, err := fmt.Fprintf(p.w, "Released %s. The reply was lost and the request sent again, which found the release done;\n"+
 			"who held it and where it went are not known: run 'asynqmutex show' to see who holds it now.\n", quoteKey(key))
 		return err
 	}
 	if p.json {
-		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.lockJSON(before, false), Nearby: near}
+		doc := releaseJSON{Key: key, RedisKey: before.RedisKey, Released: before.Held, Before: p.beforeJSON(before), Nearby: near}
 		if before.Held {
 			doc.Free = handedTo == 0
 			if handedTo != 0 {
@@ -273,6 +273,11 @@ type lockJSON struct {
 	Fence       int64        `json:"fence"`
 	Waiting     int          `json:"waiting"`
 	Waiters     []holderJSON `json:"waiters,omitempty"` // show only
+	// Parked: how many of waiting are tasks parked in the key's line (mutex.Park),
+	// started ones included; null where not counted (release's before).
+	// ParkedForMS: how long the oldest of them has waited; null when none is.
+	Parked      *int   `json:"parked"`
+	ParkedForMS *int64 `json:"parked_for_ms"`
 	// Limit and Holders: a key held with Limit(n), n > 1; holder, since, fence and
 	// held_for_ms then describe the newest holder, lease_left_ms the longest lease.
 	Limit   int        `json:"limit,omitempty"`
@@ -301,7 +306,8 @@ type releaseJSON struct {
 	RedisKey string `json:"redis_key"`
 	// Released is false when nobody held the lock: then nothing changed.
 	Released bool `json:"released"`
-	// Before is the lock as it was, its waiters counted but not listed.
+	// Before is the lock as it was, its waiters counted but not listed (parked is
+	// null: not counted).
 	Before lockJSON `json:"before"`
 	// HandedTo and HandedToFence are the waiter the lock went to and its fence, Free
 	// whether it went to none.
@@ -327,7 +333,11 @@ type showJSON struct {
 func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
 	j := lockJSON{
 		Key: in.Key, Digested: in.Digested, RedisKey: in.RedisKey, Held: in.Held, Foreign: in.Foreign,
-		Fence: in.Fence, Waiting: in.Waiting,
+		Fence: in.Fence, Waiting: in.Waiting, Parked: &in.Parked,
+	}
+	if in.Parked > 0 {
+		ms := in.ParkedFor.Milliseconds()
+		j.ParkedForMS = &ms
 	}
 	if in.Holder != (mutex.Holder{}) {
 		h := holderJSON(in.Holder)
@@ -362,6 +372,14 @@ func (p *printer) lockJSON(in mutex.Info, waiters bool) lockJSON {
 			j.Waiters = append(j.Waiters, holderJSON(w))
 		}
 	}
+	return j
+}
+
+// beforeJSON is the lock as ForceRelease found it, which does not count its parked
+// tasks.
+func (p *printer) beforeJSON(in mutex.Info) lockJSON {
+	j := p.lockJSON(in, false)
+	j.Parked, j.ParkedForMS = nil, nil
 	return j
 }
 
@@ -450,6 +468,15 @@ func leaseText(in mutex.Info) string {
 		return "-"
 	}
 	return human(in.TTL)
+}
+
+// waitingText is how many wait for the lock, and how many of them are tasks parked
+// in its line and since when: "12 (10 parked, oldest 4.2s)".
+func waitingText(in mutex.Info) string {
+	if in.Parked == 0 {
+		return strconv.Itoa(in.Waiting)
+	}
+	return fmt.Sprintf("%d (%d parked, oldest %s)", in.Waiting, in.Parked, human(in.ParkedFor))
 }
 
 func fenceText(in mutex.Info) string {

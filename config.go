@@ -34,15 +34,30 @@ func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
 
+// ParkedTaskCheck is the TaskCheckInterval Configure sets when none is given: asynq's
+// servers, finding their queues empty, wait between half of it and one and a half
+// times it before they look again, so a task made pending waits about that long for
+// an idle server.
+const ParkedTaskCheck = 20 * time.Millisecond
+
 // Configure returns cfg with IsFailure and RetryDelayFunc set so that a busy key
 // (a *LockedError) is not a failure and is retried after its RetryIn. Functions
 // already set in cfg keep deciding for every other error. Use it when building the
 // server: asynq.NewServer(redisOpt, asynqmutex.Configure(asynq.Config{...})).
 //
+// It also sets TaskCheckInterval to ParkedTaskCheck when cfg leaves it zero (asynq's
+// default is 1s): an idle server looks for tasks that often, and a parked task that
+// is started ahead of its turn (see Park) must arrive while the task before it runs.
+// An idle server then sends about one Redis call per ParkedTaskCheck, where asynq's
+// default sends one a second; set TaskCheckInterval yourself to choose otherwise.
+//
 // Configure leaves cfg.ErrorHandler alone, and asynq calls it for every error a
 // handler returns, each busy key's *LockedError included. To report real failures
 // only, skip those: var le *asynqmutex.LockedError; if errors.As(err, &le) { return }.
 func Configure(cfg asynq.Config) asynq.Config {
+	if cfg.TaskCheckInterval == 0 {
+		cfg.TaskCheckInterval = ParkedTaskCheck
+	}
 	isFailure, retryDelay := cfg.IsFailure, cfg.RetryDelayFunc
 	cfg.IsFailure = func(err error) bool {
 		if !IsFailure(err) {

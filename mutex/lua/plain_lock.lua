@@ -86,7 +86,9 @@ local function park(lock, q, v, e, pttl, ticket, claim, who, mode, start, i)
       waiting = true -- a waiter, or a task on its way
     end
   end
-  local parked = PARKED .. '.' .. ticket .. ' ' .. claim .. ' ' .. string.format('%d', math.floor(serverMicros() / 1000)) .. ' ' .. who
+  local function parked()
+    return PARKED .. '.' .. ticket .. ' ' .. claim .. ' ' .. string.format('%d', math.floor(serverMicros() / 1000)) .. ' ' .. who
+  end
   local wait
   if mode == 'park' then
     wait = false
@@ -95,21 +97,30 @@ local function park(lock, q, v, e, pttl, ticket, claim, who, mode, start, i)
   else -- lead: the first in a worker, in its place
     wait = not waiting and (mine ~= nil or #all == 0)
   end
+  -- An entry changed in its place keeps the queue's expiry and the lock's state,
+  -- which its first push set.
   if wait then
-    if not mine then
-      redis.call('RPUSH', q, e)
-    elseif mine ~= 'waiter' then
+    if mine == 'waiter' then
+      return 'wait'
+    elseif mine then
       redis.call('LSET', q, at - 1, e)
+      return 'wait'
     end
-  elseif not mine then
-    redis.call('RPUSH', q, parked)
+    redis.call('RPUSH', q, e)
+  elseif mine == PARKED then
+    return 'parked'
+  elseif mine then
+    redis.call('LSET', q, at - 1, parked())
+    return 'parked'
+  else
+    redis.call('RPUSH', q, parked())
     if mode == 'lead' and not waiting then
       prestart(q, start, i) -- nobody is on the way: the head goes
     end
-  elseif mine ~= PARKED then
-    redis.call('LSET', q, at - 1, parked)
   end
-  keepQueue(q, math.max(2 * math.max(pttl, 1000), 3 * tonumber(claim)) + 1000)
+  -- Set, not kept: every entry needs no more than this, and the holder whose lease a
+  -- longer expiry was for is the one pttl is of, or gone.
+  redis.call('PEXPIRE', q, math.max(2 * math.max(pttl, 1000), 3 * tonumber(claim)) + 1000)
   if string.byte(v, STATE_AT) == HELD then
     redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL')
   end
@@ -159,9 +170,10 @@ local function take(lock, q, id, ttl, head, queued, desc, start, i)
     end
     if ticket and ours(v, parkedId(ticket)) then
       -- Handed to our ticket: ours now, under our own identity and lease.
+      -- Since the hand-over, which is when the lock became its.
       local _, prev = holder(v)
       local f = fenceOf(v)
-      redis.call('SET', lock, value(f, string.byte(v, STATE_AT), serverMicros(), id .. desc, prev), 'PX', ttl)
+      redis.call('SET', lock, value(f, string.byte(v, STATE_AT), tonumber(string.sub(v, SINCE_AT, ID_AT - 1)), id .. desc, prev), 'PX', ttl)
       return f, 0
     end
     local pttl = redis.call('PTTL', lock)

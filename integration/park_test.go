@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynqmutex/asynqmutex"
+	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/mutex"
+)
+
+// parkTTL is the lock's TTL in the parking tests: a parked task comes back by itself
+// after it (its fallback), so a task that ran well before it was started by its line.
+const parkTTL = 10 * time.Second
+
+type parkPayload struct {
+	Key string `json:"key"`
+	N   string `json:"n"`
+}
+
+// parkRecorder runs the parking tests' handlers: "park:hold" holds its key until
+// release is closed; "park:task" records that it ran, and when.
+type parkRecorder struct {
+	release chan struct{}
+	tr      *tracker
+	mu      sync.Mutex
+	order   []string
+	at      map[string]time.Time
+}
+
+func newParkRecorder() *parkRecorder {
+	return &parkRecorder{release: make(chan struct{}), tr: newTracker(), at: map[string]time.Time{}}
+}
+
+func (r *parkRecorder) handler() asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		var p parkPayload
+		if err := json.Unmarshal(task.Payload(), &p); err != nil {
+			return err
+		}
+		r.tr.enter(p.Key, p.N, "")
+		defer r.tr.exit(p.Key)
+		if task.Type() == "park:hold" {
+			select {
+			case <-r.release:
+			case <-ctx.Done():
+			}
+			return nil
+		}
+		r.mu.Lock()
+		r.order = append(r.order, p.N)
+		r.at[p.N] = time.Now()
+		r.mu.Unlock()
+		return nil
+	})
+}
+
+func (r *parkRecorder) ran() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
+}
+
+// lineOf is what the lock Redis says of key's line: entries, and how many are parked.
+func lineOf(t testing.TB, locks *mutex.Client, key string) (waiting, parked int) {
+	t.Helper()
+	in, err := locks.Inspect(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return in.Waiting, in.Parked
+}
+
+// parkLine enqueues a task that holds key "k" (in Scope "park") and then the tasks ns, each once the one
+// before it is in the key's line, so that the line's order is theirs; it returns when
+// every one is parked (in the retry set) but the first, which may be waiting in a
+// worker as the line's lead.
+func parkLine(t *testing.T, e *env, ns ...string) {
+	t.Helper()
+	e.enqueue(t, "park:hold", payload(t, parkPayload{Key: "k", N: "hold"}), asynq.TaskID("hold"), asynq.Retention(time.Hour))
+	waitState(t, e.insp, "default", "hold", asynq.TaskStateActive, 10*time.Second)
+	for i, n := range ns {
+		e.enqueue(t, "park:task", payload(t, parkPayload{Key: "k", N: n}), asynq.TaskID(n), asynq.MaxRetry(5), asynq.Retention(time.Hour))
+		waitFor(t, 10*time.Second, fmt.Sprintf("%d in the line", i+1), func() (bool, string) {
+			w, p := lineOf(t, e.locks, lockKey(t, "park", "k"))
+			return w == i+1, fmt.Sprintf("%d waiting, %d parked", w, p)
+		})
+	}
+	for _, n := range ns[1:] {
+		waitState(t, e.insp, "default", n, asynq.TaskStateRetry, 10*time.Second)
+	}
+}
+
+// TestParkedTaskPassedOverOrKeptInPlace: tasks of a busy key park in its line; when
+// the holder ends, the line starts them one at a time, in order, long before their
+// fallback (the TTL). A parked task an operator deletes or archives meanwhile is
+// passed over (an archived one stays archived), and one run by hand arrives early and
+// keeps its place. None spends a retry, none runs twice, none overlaps another.
+func TestParkedTaskPassedOverOrKeptInPlace(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		op   string
+		want []string
+	}{
+		{"none", []string{"p1", "p2", "p3"}},
+		{"delete", []string{"p2", "p3"}},
+		{"archive", []string{"p2", "p3"}},
+		{"run by hand", []string{"p1", "p2", "p3"}},
+	} {
+		t.Run(c.op, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			r := newParkRecorder()
+			locks, _ := newLocks(t, e.opt)
+			mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL))
+			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mw(r.handler()))
+			parkLine(t, e, "p1", "p2", "p3")
+
+			switch c.op {
+			case "delete", "archive":
+				// p1 is the line's lead: it parks too once LeadWait is over.
+				waitState(t, e.insp, "default", "p1", asynq.TaskStateRetry, 10*time.Second)
+				var err error
+				if c.op == "delete" {
+					err = e.insp.DeleteTask("default", "p1")
+				} else {
+					err = e.insp.ArchiveTask("default", "p1")
+				}
+				if err != nil {
+					t.Fatalf("%s p1: %v", c.op, err)
+				}
+			case "run by hand":
+				if err := e.insp.RunTask("default", "p2"); err != nil {
+					t.Fatalf("RunTask p2: %v", err)
+				}
+				waitFor(t, 10*time.Second, "p2 to arrive and find its place", func() (bool, string) {
+					info, desc := taskInfo(e.insp, "default", "p2")
+					return info != nil && info.State != asynq.TaskStatePending, desc
+				})
+				if w, _ := lineOf(t, e.locks, lockKey(t, "park", "k")); w != 3 {
+					t.Fatalf("line after p2 arrived early: %d entries, want 3", w)
+				}
+			}
+			released := time.Now()
+			close(r.release)
+			waitFor(t, parkTTL/2, "the line to run", func() (bool, string) {
+				got := r.ran()
+				return len(got) == len(c.want), fmt.Sprintf("ran %v", got)
+			})
+			if got := r.ran(); !slices.Equal(got, c.want) {
+				t.Errorf("ran %v, want %v in this order", got, c.want)
+			}
+			for _, n := range c.want {
+				info := waitState(t, e.insp, "default", n, asynq.TaskStateCompleted, 10*time.Second)
+				if info.Retried != 0 {
+					t.Errorf("%s spent %d retries, want 0", n, info.Retried)
+				}
+			}
+			if c.op == "archive" {
+				waitState(t, e.insp, "default", "p1", asynq.TaskStateArchived, time.Second)
+			}
+			r.tr.mu.Lock()
+			defer r.tr.mu.Unlock()
+			for n, runs := range r.tr.runs {
+				if runs != 1 {
+					t.Errorf("%s ran %d times, want once", n, runs)
+				}
+			}
+			if r.tr.maxPerKey["k"] != 1 {
+				t.Errorf("up to %d tasks of the key ran at once, want 1", r.tr.maxPerKey["k"])
+			}
+			t.Logf("%s: the line ran %v within %v of the release", c.op, c.want, time.Since(released).Round(time.Millisecond))
+		})
+	}
+}
+
+// TestParkedTasksComeBackAfterLockRedisRestart: tasks parked in a line that a lock
+// Redis without persistence loses (restarted) come back by their fallback, the TTL,
+// and each runs once, one at a time, spending no retry.
+func TestParkedTasksComeBackAfterLockRedisRestart(t *testing.T) {
+	t.Parallel()
+	const ttl, tasks = 2 * time.Second, 5
+	e := newEnv(t) // asynq's Redis
+	lockSrv := redistest.Start(t)
+	locks := mutex.New(lockSrv.Client(t))
+	r := newParkRecorder()
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(ttl), asynqmutex.Inspector(e.insp))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mw(r.handler()))
+
+	other := mutex.New(lockSrv.Client(t))
+	if _, err := other.TryLock(context.Background(), lockKey(t, "park", "k-held"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i := range tasks {
+		n := fmt.Sprintf("p%d", i)
+		e.enqueue(t, "park:task", payload(t, parkPayload{Key: "k-held", N: n}), asynq.TaskID(n), asynq.MaxRetry(5), asynq.Retention(time.Hour))
+	}
+	waitFor(t, 10*time.Second, "every task in the line", func() (bool, string) {
+		w, p := lineOf(t, locks, lockKey(t, "park", "k-held"))
+		return w == tasks, fmt.Sprintf("%d waiting, %d parked", w, p)
+	})
+	lockSrv.Restart(t)
+	restarted := time.Now()
+	waitFor(t, 30*time.Second, "every task to run", func() (bool, string) {
+		got := r.ran()
+		return len(got) == tasks, fmt.Sprintf("ran %v", got)
+	})
+	t.Logf("all %d ran %v after the restart (fallback %v)", tasks, time.Since(restarted).Round(time.Millisecond), ttl)
+	for i := range tasks {
+		info := waitState(t, e.insp, "default", fmt.Sprintf("p%d", i), asynq.TaskStateCompleted, 10*time.Second)
+		if info.Retried != 0 {
+			t.Errorf("p%d spent %d retries, want 0", i, info.Retried)
+		}
+	}
+	r.tr.mu.Lock()
+	defer r.tr.mu.Unlock()
+	for n, runs := range r.tr.runs {
+		if runs != 1 {
+			t.Errorf("%s ran %d times, want once", n, runs)
+		}
+	}
+	if m := r.tr.maxPerKey["k-held"]; m != 1 {
+		t.Errorf("up to %d tasks of the key ran at once, want 1", m)
+	}
+}

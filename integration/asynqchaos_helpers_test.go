@@ -60,6 +60,18 @@ const (
 type e2eWorkerSpec struct {
 	Asynq   string `json:"asynq"`   // asynq and lock redis-server
 	Referee string `json:"referee"` // referee redis-server
+	// Mode, for TestParkFleet: "park" for the middleware's defaults, or one of its
+	// controls: "bare" (no middleware), "noconfigure" (the defaults without
+	// Configure), "maxwait" (MaxWait(10s)), "twice" (the defaults, and the section of
+	// every 25th task run twice). Empty for TestAsynqEndToEndWithKill's options.
+	Mode string `json:"mode,omitempty"`
+	// Work is how long a section works; 2-6ms when zero.
+	Work time.Duration `json:"work,omitempty"`
+	// Inspector is the address of asynq's Redis for the middleware's Inspector (the
+	// one that starts parked tasks); Asynq when empty.
+	Inspector string `json:"inspector,omitempty"`
+	// HoldFirst makes the section of task 0 wait until the referee has "release".
+	HoldFirst bool `json:"hold_first,omitempty"`
 }
 
 type e2ePayload struct {
@@ -166,9 +178,13 @@ func TestAsynqE2EWorker(t *testing.T) {
 			return fmt.Errorf("worker: bad payload %q: %w", task.Payload(), err)
 		}
 		fence, ok := asynqmutex.Fence(ctx)
+		if f, bare := ctx.Value(bareFence{}).(int64); bare {
+			fence, ok = f, true
+		}
 		if !ok {
 			return errors.New("worker: handler runs without a lock")
 		}
+		defer addSectionTime(ctx, time.Now())
 		rctx, cancel := refCtx(ctx)
 		defer cancel()
 		n := strconv.Itoa(p.N)
@@ -177,7 +193,17 @@ func TestAsynqE2EWorker(t *testing.T) {
 			n, p.Key, pid, fence).Err(); err != nil {
 			return fmt.Errorf("worker: referee enter: %w", err)
 		}
-		time.Sleep(time.Duration(2+rand.IntN(5)) * time.Millisecond)
+		work := spec.Work
+		if work == 0 {
+			work = time.Duration(2+rand.IntN(5)) * time.Millisecond
+		}
+		time.Sleep(work)
+		for i := 0; spec.HoldFirst && p.N == 0 && i < 6000; i++ { // 60s at most
+			if n, _ := ref.Exists(rctx, "release").Result(); n == 1 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		if err := e2eExitScript.Run(rctx, ref,
 			[]string{"occ:" + p.Key, "inside:" + pid, "active", "done", "runs:" + n, "doneby:" + pid, "dead", "ignored"},
 			n, pid).Err(); err != nil {
@@ -185,8 +211,38 @@ func TestAsynqE2EWorker(t *testing.T) {
 		}
 		return nil
 	})
-	locked := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.MaxWait(e2eMaxWait), asynqmutex.TTL(e2eTTL))(section)
-	// flight:<pid> lists the tasks inside the handler chain, lock wait included.
+	var locked asynq.Handler
+	switch spec.Mode {
+	case "":
+		locked = asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.MaxWait(e2eMaxWait), asynqmutex.TTL(e2eTTL))(section)
+	case "bare":
+		locked = asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			// No lock: a fence that only grows, so that the section's checks run.
+			return section.ProcessTask(context.WithValue(ctx, bareFence{}, time.Now().UnixNano()), task)
+		})
+	case "maxwait":
+		locked = asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.MaxWait(10*time.Second), asynqmutex.TTL(e2eTTL))(section)
+	case "twice":
+		twice := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			var p e2ePayload
+			if err := section.ProcessTask(ctx, task); err != nil || json.Unmarshal(task.Payload(), &p) != nil || p.N%25 != 0 {
+				return err
+			}
+			return section.ProcessTask(ctx, task)
+		})
+		locked = asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.TTL(e2eTTL))(twice)
+	default: // park, noconfigure
+		opts := []asynqmutex.Option{asynqmutex.On("key"), asynqmutex.TTL(e2eTTL)}
+		if spec.Inspector != "" {
+			insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: spec.Inspector})
+			defer insp.Close()
+			opts = append(opts, asynqmutex.Inspector(insp))
+		}
+		locked = asynqmutex.Middleware(locks, opts...)(section)
+	}
+	// flight:<pid> lists the tasks inside the handler chain, lock wait included;
+	// held:<key> adds up, in µs, how long its tasks held a worker outside their
+	// section.
 	h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		var p e2ePayload
 		_ = json.Unmarshal(task.Payload(), &p)
@@ -195,12 +251,20 @@ func TestAsynqE2EWorker(t *testing.T) {
 		defer cancel()
 		ref.HSet(rctx, "flight:"+pid, p.N, id)
 		defer ref.HDel(rctx, "flight:"+pid, strconv.Itoa(p.N))
-		return locked.ProcessTask(ctx, task)
+		start := time.Now()
+		sctx := withSectionTimer(ctx)
+		err := locked.ProcessTask(sctx, task)
+		ref.IncrBy(rctx, "held:"+p.Key, (time.Since(start) - sectionTime(sctx)).Microseconds())
+		return err
 	})
 
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: spec.Asynq}, asynqmutex.Configure(asynq.Config{
+	configure := asynqmutex.Configure
+	if spec.Mode == "noconfigure" {
+		configure = func(cfg asynq.Config) asynq.Config { return cfg }
+	}
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: spec.Asynq}, configure(asynq.Config{
 		Concurrency:              e2eConcurrency,
 		TaskCheckInterval:        taskCheck,
 		DelayedTaskCheckInterval: delayedCheck,
@@ -243,6 +307,30 @@ func TestAsynqE2EWorker(t *testing.T) {
 	}
 	cancelBase()
 	srv.Shutdown()
+}
+
+// bareFence is the context key of the fence a section of mode "bare" uses: it runs
+// under no lock.
+type bareFence struct{}
+
+// sectionTimer is the context key of the time a task spent in its sections.
+type sectionTimer struct{}
+
+func withSectionTimer(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sectionTimer{}, new(time.Duration))
+}
+
+func addSectionTime(ctx context.Context, since time.Time) {
+	if d, ok := ctx.Value(sectionTimer{}).(*time.Duration); ok {
+		*d += time.Since(since)
+	}
+}
+
+func sectionTime(ctx context.Context) time.Duration {
+	if d, ok := ctx.Value(sectionTimer{}).(*time.Duration); ok {
+		return *d
+	}
+	return 0
 }
 
 // e2eProc is the parent's handle on one worker process.

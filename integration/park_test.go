@@ -78,23 +78,49 @@ func lineOf(t testing.TB, locks *mutex.Client, key string) (waiting, parked int)
 	return in.Waiting, in.Parked
 }
 
-// parkLine enqueues a task that holds key "k" (in Scope "park") and then the tasks ns, each once the one
-// before it is in the key's line, so that the line's order is theirs; it returns when
-// every one is parked (in the retry set) but the first, which may be waiting in a
-// worker as the line's lead.
-func parkLine(t *testing.T, e *env, ns ...string) {
+// parkLine enqueues a task that holds key "k" (in Scope "park") and then the tasks
+// ns, each once the one before it is in the key's line, so that the line's order is
+// theirs; it returns when every one is parked (in the retry set) but the first, which
+// may be waiting in a worker as the line's lead.
+func parkLine(t *testing.T, cli *asynq.Client, insp *asynq.Inspector, locks *mutex.Client, queue string, ns ...string) {
 	t.Helper()
-	e.enqueue(t, "park:hold", payload(t, parkPayload{Key: "k", N: "hold"}), asynq.TaskID("hold"), asynq.Retention(time.Hour))
-	waitState(t, e.insp, "default", "hold", asynq.TaskStateActive, 10*time.Second)
+	enqueue := func(typ, n string, opts ...asynq.Option) {
+		if _, err := cli.Enqueue(asynq.NewTask(typ, payload(t, parkPayload{Key: "k", N: n})), append(opts, asynq.TaskID(n), asynq.Queue(queue), asynq.Retention(time.Hour))...); err != nil {
+			t.Fatalf("Enqueue %s: %v", n, err)
+		}
+	}
+	enqueue("park:hold", "hold")
+	waitState(t, insp, queue, "hold", asynq.TaskStateActive, 10*time.Second)
 	for i, n := range ns {
-		e.enqueue(t, "park:task", payload(t, parkPayload{Key: "k", N: n}), asynq.TaskID(n), asynq.MaxRetry(5), asynq.Retention(time.Hour))
+		enqueue("park:task", n, asynq.MaxRetry(5))
 		waitFor(t, 10*time.Second, fmt.Sprintf("%d in the line", i+1), func() (bool, string) {
-			w, p := lineOf(t, e.locks, lockKey(t, "park", "k"))
+			w, p := lineOf(t, locks, lockKey(t, "park", "k"))
 			return w == i+1, fmt.Sprintf("%d waiting, %d parked", w, p)
 		})
 	}
 	for _, n := range ns[1:] {
-		waitState(t, e.insp, "default", n, asynq.TaskStateRetry, 10*time.Second)
+		waitState(t, insp, queue, n, asynq.TaskStateRetry, 10*time.Second)
+	}
+}
+
+// checkParkedOn parks two tasks behind a held key on a server and lock client built
+// from opt, in a queue of their own (other servers may read "default"), and checks that the release runs them in order, started by their line,
+// well before their fallback.
+func checkParkedOn(t *testing.T, opt asynq.RedisConnOpt) {
+	t.Helper()
+	r := newParkRecorder()
+	locks, _ := newLocks(t, opt)
+	insp, cli := newInspector(t, opt), newClient(t, opt)
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL))
+	startServer(t, opt, asynqmutex.Configure(asynq.Config{Concurrency: 4, Queues: map[string]int{"park": 1}}), mw(r.handler()))
+	parkLine(t, cli, insp, locks, "park", "p1", "p2")
+	close(r.release)
+	waitFor(t, parkTTL/2, "the line to run", func() (bool, string) {
+		got := r.ran()
+		return len(got) == 2, fmt.Sprintf("ran %v", got)
+	})
+	if got := r.ran(); !slices.Equal(got, []string{"p1", "p2"}) {
+		t.Errorf("ran %v, want [p1 p2]", got)
 	}
 }
 
@@ -121,7 +147,7 @@ func TestParkedTaskPassedOverOrKeptInPlace(t *testing.T) {
 			locks, _ := newLocks(t, e.opt)
 			mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL))
 			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mw(r.handler()))
-			parkLine(t, e, "p1", "p2", "p3")
+			parkLine(t, e.cli, e.insp, e.locks, "default", "p1", "p2", "p3")
 
 			switch c.op {
 			case "delete", "archive":

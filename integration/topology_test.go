@@ -62,6 +62,9 @@ func TestConnectionTypes(t *testing.T) {
 		opt := asynq.RedisClusterClientOpt{Addrs: addrs}
 		checkSerializedOn(t, opt)
 
+		// A key's line lives in its lock's slot: tasks park and are started in order.
+		checkParkedOn(t, opt)
+
 		// A lock and its wait queue share a hash slot, so plain_lock.lua may touch both.
 		locks, rdb := newLocks(t, opt)
 		ctx := context.Background()

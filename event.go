@@ -51,10 +51,18 @@ const (
 	// asynq holds pending though the place is older than OrderGrace: in a queue no
 	// server reads, say. Err is a *StallError; the task's own OpOutOfTurn follows.
 	OpOrderStalled
+	// OpParkStarted: a parked task's turn came, or was near (see Park), and the
+	// middleware had asynq move it from the retry set to its queue. Key is its key.
+	OpParkStarted
+	// OpParkPassedOver: a parked task's turn came, or was near, and it no longer
+	// waited (deleted, archived, done): its key passed on to the next in its line.
+	// Err says what asynq said of it; TaskType is empty when asynq no longer knew it.
+	OpParkPassedOver
 )
 
 var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused",
-	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order", OpOrderStalled: "order_stalled"}
+	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order", OpOrderStalled: "order_stalled",
+	OpParkStarted: "park_started", OpParkPassedOver: "park_passed_over"}
 
 // String returns the operation's name in snake case, such as "bad_input", for logs
 // and metric labels.

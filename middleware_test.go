@@ -650,6 +650,7 @@ func TestMiddlewareEvents(t *testing.T) {
 	assert.Equal(t, err, tk[0].Err)
 	assert.Equal(t, "bad_input", OpBadInput.String())
 	assert.Equal(t, "order_stalled", OpOrderStalled.String())
+	assert.Equal(t, "park_passed_over", OpParkPassedOver.String())
 	assert.Equal(t, "op(99)", Op(99).String())
 }
 

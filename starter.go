@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -32,11 +33,14 @@ func fromTicket(t string) (queue, id string, ok bool) {
 	return string(qb), string(ib), ok && err1 == nil && err2 == nil && len(qb) > 0 && len(ib) > 0
 }
 
-// starter starts parked tasks through an Inspector of asynq's Redis.
+// starter starts parked tasks through an Inspector of asynq's Redis, and reports
+// what it did to Observe.
 type starter struct {
 	insp   *asynq.Inspector
 	log    func() *slog.Logger
+	emit   func(context.Context, Event)
 	warned atomic.Bool // a queue was not found: logged once
+	failed atomic.Bool // asynq's Redis did not answer: logged once until it does
 }
 
 // activeFor bounds how long a starter waits for a task that has just parked to be
@@ -60,21 +64,28 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 	if !ok {
 		return true // not a ticket of ours: nobody to start
 	}
+	passedOver := func(typ string, why error) bool {
+		s.emit(ctx, Event{Op: OpParkPassedOver, TaskType: typ, TaskID: id, Key: p.Key, Err: why})
+		return true
+	}
 	pause := 5 * time.Millisecond
 	for deadline := time.Now().Add(activeFor); ; {
 		info, err := s.insp.GetTaskInfo(queue, id)
 		switch {
 		case errors.Is(err, asynq.ErrTaskNotFound):
-			return true
+			return passedOver("", err)
 		case errors.Is(err, asynq.ErrQueueNotFound):
 			s.queueNotFound(ctx, queue, id)
-			return true
+			return passedOver("", err)
 		case err != nil:
+			s.unanswered(ctx, queue, id, err)
 			return false
 		}
+		s.failed.Store(false)
 		switch info.State {
 		case asynq.TaskStateRetry, asynq.TaskStateScheduled:
 			if err := s.insp.RunTask(queue, id); err == nil {
+				s.emit(ctx, Event{Op: OpParkStarted, TaskType: info.Type, TaskID: id, Key: p.Key})
 				return false
 			}
 			// It moved meanwhile: look again.
@@ -85,7 +96,7 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 				return false
 			}
 		default: // archived, completed, aggregating: not ours to run
-			return true
+			return passedOver(info.Type, fmt.Errorf("asynq: task is %v", info.State))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return false
@@ -97,6 +108,18 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 		}
 		pause = min(2*pause, 200*time.Millisecond)
 	}
+}
+
+// unanswered logs, once until asynq's Redis answers again, that a parked task could
+// not be started: it comes by its fallback.
+func (s *starter) unanswered(ctx context.Context, queue, id string, err error) {
+	if s.failed.Swap(true) {
+		return
+	}
+	s.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: could not start a parked task whose turn came: asynq's Redis did not answer; it comes back by its fallback (the lock's TTL)",
+		slog.String("queue", shortkey.Shorten(queue)),
+		slog.String("task_id", shortkey.Shorten(id)),
+		slog.String("error", err.Error()))
 }
 
 // queueNotFound logs, once, that the Inspector does not know a parked task's queue:

@@ -145,7 +145,16 @@ func TestParkedTaskPassedOverOrKeptInPlace(t *testing.T) {
 			e := newEnv(t)
 			r := newParkRecorder()
 			locks, _ := newLocks(t, e.opt)
-			mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL))
+			var (
+				evMu sync.Mutex
+				ops  = map[asynqmutex.Op][]string{} // task IDs by op
+			)
+			observe := func(_ context.Context, ev asynqmutex.Event) {
+				evMu.Lock()
+				ops[ev.Op] = append(ops[ev.Op], ev.TaskID)
+				evMu.Unlock()
+			}
+			mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL), asynqmutex.Observe(observe))
 			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mw(r.handler()))
 			parkLine(t, e.cli, e.insp, e.locks, "default", "p1", "p2", "p3")
 
@@ -191,6 +200,15 @@ func TestParkedTaskPassedOverOrKeptInPlace(t *testing.T) {
 			}
 			if c.op == "archive" {
 				waitState(t, e.insp, "default", "p1", asynq.TaskStateArchived, time.Second)
+			}
+			evMu.Lock()
+			passed, started := ops[asynqmutex.OpParkPassedOver], ops[asynqmutex.OpParkStarted]
+			evMu.Unlock()
+			if wantPassed := c.op == "delete" || c.op == "archive"; wantPassed != slices.Equal(passed, []string{"p1"}) {
+				t.Errorf("OpParkPassedOver for %v, want p1 alone when it was deleted or archived", passed)
+			}
+			if len(started) == 0 {
+				t.Errorf("no OpParkStarted reported")
 			}
 			r.tr.mu.Lock()
 			defer r.tr.mu.Unlock()

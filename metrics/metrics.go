@@ -84,6 +84,8 @@ type Collector struct {
 	orderSkipped    *prometheus.CounterVec   // task_type, reason
 	orderStalled    *prometheus.CounterVec   // task_type, queue_read
 	outOfOrder      *prometheus.CounterVec   // task_type
+	parkStarted     *prometheus.CounterVec   // task_type
+	parkPassedOver  *prometheus.CounterVec   // task_type
 	wakeupLost      prometheus.Counter
 	wakeupRecovered prometheus.Counter
 	all             []prometheus.Collector
@@ -149,6 +151,10 @@ func New(opts ...Option) *Collector {
 			"Number of tasks sent back behind a place whose task had been pending for longer than OrderGrace (InOrder); broken down by task type and whether a server reads that task's queue (yes, no, unknown).", "task_type", "queue_read"),
 		outOfOrder: counterVec("task_out_of_order_total",
 			"Number of tasks run under their lock alone, outside their key's order (InOrder): no place, or a place their key had moved past; broken down by task type.", "task_type"),
+		parkStarted: counterVec("task_park_started_total",
+			"Number of parked tasks started because their turn in their key's line came, or was near (Park); broken down by task type.", "task_type"),
+		parkPassedOver: counterVec("task_park_passed_over_total",
+			"Number of parked tasks whose turn came when they no longer waited (deleted, archived, done), so that their key passed on (Park); broken down by task type, empty when asynq no longer knew the task.", "task_type"),
 		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "wakeup_lost_total",
 			Help: "Number of times a Client's subscription connection for hand-overs broke or fell silent.",
@@ -160,7 +166,7 @@ func New(opts ...Option) *Collector {
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
 		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.limited, c.rateWait, c.pauses,
-		c.outOfTurn, c.orderSkipped, c.orderStalled, c.outOfOrder, c.wakeupLost, c.wakeupRecovered}
+		c.outOfTurn, c.orderSkipped, c.orderStalled, c.outOfOrder, c.parkStarted, c.parkPassedOver, c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -249,6 +255,10 @@ func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
 		c.outOfOrder.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	case asynqmutex.OpOrderStalled:
 		c.orderStalled.WithLabelValues(c.taskType(e.TaskType), queueRead(e.Err)).Inc()
+	case asynqmutex.OpParkStarted:
+		c.parkStarted.WithLabelValues(c.taskType(e.TaskType)).Inc()
+	case asynqmutex.OpParkPassedOver:
+		c.parkPassedOver.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	}
 }
 

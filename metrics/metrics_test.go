@@ -234,6 +234,15 @@ func TestObserve(t *testing.T) {
 			`asynqmutex_task_order_stalled_total{queue_read="yes",task_type="pay"}`:     1,
 			`asynqmutex_task_order_stalled_total{queue_read="unknown",task_type="pay"}`: 1,
 		}},
+		{"parked tasks", []any{
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "park"},
+			asynqmutex.Event{Op: asynqmutex.OpParkStarted, Key: "k", TaskType: "pay", TaskID: "1"},
+			asynqmutex.Event{Op: asynqmutex.OpParkPassedOver, Key: "k", TaskID: "2", Err: errors.New("asynq: task not found")},
+		}, map[string]float64{
+			`asynqmutex_task_conflicts_total{policy="park",task_type="pay"}`: 1,
+			`asynqmutex_task_park_started_total{task_type="pay"}`:            1,
+			`asynqmutex_task_park_passed_over_total{task_type=""}`:           1,
+		}},
 		{"wake-ups lost and recovered", []any{
 			mutex.Event{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
 			mutex.Event{Op: mutex.OpWakeupRecovered},

@@ -120,8 +120,9 @@ const (
 	Fail Policy = -2
 )
 
-// DefaultRetryDelay is the delay of the default policy, RetryLater(DefaultRetryDelay).
-// asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
+// DefaultRetryDelay is the delay of RetryLater's examples and of what Park sends back
+// rather than park (a Limit(n) key full, a rate limit, a pause, a turn under InOrder):
+// RetryLater(DefaultRetryDelay). asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
 // default) and stores retry times in whole seconds, so shorter delays are not kept.
 const DefaultRetryDelay = 5 * time.Second
 

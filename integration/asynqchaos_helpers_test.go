@@ -52,7 +52,7 @@ const (
 	e2eTaskType       = "e2e:txn"
 	e2eConcurrency    = 10
 	e2eTTL            = 5 * time.Second // lock lease; renewed every TTL/3
-	e2eMaxWait        = 2 * time.Second // then the default policy, RetryLater(5s)
+	e2eMaxWait        = 2 * time.Second // then the default policy, Park
 	e2eWorkerLifetime = 4 * time.Minute // a worker the parent lost track of still exits
 	e2eRefTimeout     = 10 * time.Second
 )
@@ -150,7 +150,7 @@ return h
 
 // TestAsynqE2EWorker is not a test: run with e2eWorkerEnv set, it is a worker process
 // of TestAsynqEndToEndWithKill. It runs an asynq.Server (Concurrency 10, Configure,
-// the middleware On("key") with MaxWait and the default RetryLater policy) until its
+// the middleware On("key") with MaxWait and the default policy, Park) until its
 // stdin closes, then shuts down cleanly.
 func TestAsynqE2EWorker(t *testing.T) {
 	raw := os.Getenv(e2eWorkerEnv)

@@ -136,7 +136,7 @@ func TestNoRetryLeftWaits(t *testing.T) {
 	var runs atomic.Int32
 	var hook hookRecorder
 	locks, _ := newLocks(t, e.opt)
-	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.AfterFailure(hook.hook)) // default RetryLater
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.AfterFailure(hook.hook)) // the default policy: a last try waits
 	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(countingHandler(&runs)))
 	task := e.enqueue(t, "pay", payload(t, map[string]string{"id": "t3"}),
 		asynq.MaxRetry(0), asynq.Timeout(30*time.Second), asynq.Retention(time.Hour))
@@ -316,7 +316,7 @@ func TestNoRetryLeftArchivedWhenBusy(t *testing.T) {
 			var runs atomic.Int32
 			var hook hookRecorder
 			locks, _ := newLocks(t, e.opt)
-			mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.AfterFailure(hook.hook)) // default RetryLater
+			mw := asynqmutex.Middleware(locks, asynqmutex.On("id"), asynqmutex.AfterFailure(hook.hook)) // the default policy: a last try waits
 			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 2}), mw(countingHandler(&runs)))
 			opts := append([]asynq.Option{asynq.MaxRetry(0), asynq.Retention(time.Hour)}, tc.opts...)
 			task := e.enqueue(t, "pay", payload(t, map[string]string{"id": id}), opts...)

@@ -1,5 +1,5 @@
-// RetryLater, the default policy: a task whose key is busy goes back to asynq and
-// runs again later. With asynqmutex.Configure asynq does not count that as a failure,
+// RetryLater: a task whose key is busy goes back to asynq and runs again after a
+// delay, rather than wait in its key's line as under the default policy, Park. With asynqmutex.Configure asynq does not count that as a failure,
 // so the task's retry count stays 0 however often it meets a busy key, and it is
 // never archived for contention. (Without Configure each conflict would spend one of
 // its retries.)
@@ -63,7 +63,7 @@ func run() int {
 	mux.Use(asynqmutex.Middleware(locks,
 		asynqmutex.For("account:sync"),
 		asynqmutex.On("account_id"),
-		// The default is RetryLater(5s); a shorter delay keeps the demo short.
+		// The default is Park; RetryLater sends the task back for a while instead.
 		asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)),
 		asynqmutex.AfterFailure(func(ctx context.Context, t *asynq.Task, err error) {
 			var locked *asynqmutex.LockedError

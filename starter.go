@@ -111,12 +111,13 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 }
 
 // unanswered logs, once until asynq's Redis answers again, that a parked task could
-// not be started: it comes by its fallback.
+// not be started (no answer, or a refusal such as an ACL's): it comes by its
+// fallback.
 func (s *starter) unanswered(ctx context.Context, queue, id string, err error) {
 	if s.failed.Swap(true) {
 		return
 	}
-	s.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: could not start a parked task whose turn came: asynq's Redis did not answer; it comes back by its fallback (the lock's TTL)",
+	s.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: could not start a parked task whose turn came: the Inspector's Redis did not answer, or refused (see the option Inspector); it comes back by its fallback (the lock's TTL)",
 		slog.String("queue", shortkey.Shorten(queue)),
 		slog.String("task_id", shortkey.Shorten(id)),
 		slog.String("error", err.Error()))

@@ -274,3 +274,43 @@ func TestParkedTasksComeBackAfterLockRedisRestart(t *testing.T) {
 		t.Errorf("up to %d tasks of the key ran at once, want 1", m)
 	}
 }
+
+// TestParkUnderWorkerACL: a lock client logged in as a user with only the worker
+// rules docs/operating.md quotes parks tasks and starts them in order, given the
+// Inspector of asynq's own connection. Control: the default Inspector, on the lock
+// client, may not read asynq's keys, so the line cannot start its tasks, which then
+// come only by their fallback (the TTL).
+func TestParkUnderWorkerACL(t *testing.T) {
+	t.Parallel()
+	acl := redistest.ReadDocACL(t, "../docs/operating.md")
+	for _, c := range []struct {
+		name      string
+		inspector bool
+	}{{"Inspector of asynq's connection", true}, {"control: default Inspector", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			locker := e.redis.User(t, e.rdb, "locker", acl.Worker)
+			locks := mutex.New(locker)
+			r := newParkRecorder()
+			opts := []asynqmutex.Option{asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL)}
+			if c.inspector {
+				opts = append(opts, asynqmutex.Inspector(e.insp))
+			}
+			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), asynqmutex.Middleware(locks, opts...)(r.handler()))
+			parkLine(t, e.cli, e.insp, e.locks, "default", "p1", "p2", "p3")
+			close(r.release)
+			deadline := time.Now().Add(parkTTL / 2)
+			for time.Now().Before(deadline) && len(r.ran()) < 3 {
+				time.Sleep(pollEvery)
+			}
+			got := r.ran()
+			switch {
+			case c.inspector && !slices.Equal(got, []string{"p1", "p2", "p3"}):
+				t.Errorf("within %v of the release ran %v, want [p1 p2 p3]", parkTTL/2, got)
+			case !c.inspector && len(got) == 3:
+				t.Errorf("control: the line started all of %v without asynq's rights", got)
+			}
+		})
+	}
+}

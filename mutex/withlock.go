@@ -43,8 +43,9 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 // recognises itself however often the key changed hands since, and a release that
 // finds the key gone or re-taken otherwise means the lease ended while fn ran. The
 // release is sent even when ctx has ended (see Lock.Unlock).
-// No goroutine outlives the call but that retry, which ends with the lease. It is
-// safe for concurrent use; fn must honour its context to benefit from the
+// No goroutine outlives the call but that retry, which ends with the lease, and the
+// start of parked tasks the release hands the key to (StartWith), bounded by the
+// Starter's 10s. It is safe for concurrent use; fn must honour its context to benefit from the
 // cancellation.
 func (c *Client) WithLock(ctx context.Context, key string, ttl time.Duration, fn func(context.Context) error, opts ...LockOption) error {
 	if fn == nil {

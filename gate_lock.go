@@ -57,16 +57,17 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked)}
 }
 
-// parking is what task tk's lock is taken with under Park, mutex.Park and its
-// MaxWait, or nil when the task does not park: under another policy; with several
-// keys or Limit(n); outside an asynq server, which alone can start it again; on its
-// last try or past a reschedule cap, where a conflict ends as RetryLater says; or
-// with less than DeadlineMargin left before its deadline. The first task in the line
-// waits up to LeadWait before it parks; with MaxWait, every task waits up to MaxWait
-// first.
+// parking is what task tk's lock is taken with under Park: mutex.Park and its
+// MaxWait, or nil when the task has no ticket: under another policy; with several
+// keys or Limit(n); outside an asynq server, which alone can start it again. The
+// first task in the line waits up to LeadWait before it parks; with MaxWait, every
+// task waits up to MaxWait first. A task that must not park (on its last try, past a
+// reschedule cap, or with less than DeadlineMargin left before its deadline) still
+// takes its ticket: it claims the key if its line handed it over, and waits in its
+// entry's place.
 func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 	left := m.waitLeft(ctx, tk) // sets lastTry and pastCap
-	if m.policy != Park || tk.keys != nil || m.limit > 1 || tk.meta.id == "" || tk.meta.queue == "" || tk.lastTry || tk.pastCap != nil {
+	if m.policy != Park || tk.keys != nil || m.limit > 1 || tk.meta.id == "" || tk.meta.queue == "" {
 		return nil
 	}
 	mode, wait := mutex.ParkAfterWait, left
@@ -76,8 +77,8 @@ func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 			wait = min(wait, time.Until(deadline)-DeadlineMargin)
 		}
 	}
-	if wait <= 0 {
-		return nil
+	if tk.lastTry || tk.pastCap != nil || wait <= 0 {
+		mode, wait = mutex.ParkNever, left
 	}
 	return []mutex.LockOption{mutex.Park(ticket(tk.meta.queue, tk.meta.id), m.claim(), mode), mutex.MaxWait(wait)}
 }

@@ -69,9 +69,12 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 		return true
 	}
 	pause := 5 * time.Millisecond
+	sawActive := false // it ran meanwhile: whatever it is now, it is not waiting to be started
 	for deadline := time.Now().Add(activeFor); ; {
 		info, err := s.insp.GetTaskInfo(queue, id)
 		switch {
+		case sawActive && (errors.Is(err, asynq.ErrTaskNotFound) || err == nil && info.State != asynq.TaskStateActive && info.State != asynq.TaskStateRetry):
+			return false // done, or failed on its own: not ours to report
 		case errors.Is(err, asynq.ErrTaskNotFound):
 			return passedOver("", err)
 		case errors.Is(err, asynq.ErrQueueNotFound):
@@ -95,6 +98,7 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 			if p.Started {
 				return false
 			}
+			sawActive = true
 		default: // archived, completed, aggregating: not ours to run
 			return passedOver(info.Type, fmt.Errorf("asynq: task is %v", info.State))
 		}

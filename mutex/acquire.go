@@ -237,7 +237,7 @@ func (a *acquisition) parkMode() string {
 	case a.park.mode == ParkLead:
 		return "lead"
 	}
-	return "wait"
+	return "wait" // ParkAfterWait, ParkNever
 }
 
 // what is the acquisition's key or keys, for errors.
@@ -317,7 +317,7 @@ func (c *Client) obtain(ctx context.Context, a *acquisition) (*Lock, error) {
 				if lastErr != nil {
 					return nil, lastErr
 				}
-				if a.park == nil {
+				if a.park == nil || a.park.mode == ParkNever {
 					return nil, ErrNotObtained
 				}
 				// Park in our place: one more attempt, which takes the lock if it is

@@ -33,14 +33,20 @@ const (
 	// ParkAfterWait waits in the process up to MaxWait, as without Park, and parks
 	// when that ends.
 	ParkAfterWait
+	// ParkNever never parks: the acquisition takes the lock if it was handed to its
+	// ticket, and otherwise waits in the process, up to MaxWait, in the place of its
+	// ticket's entry if the line has one (a task that must not leave its worker, on
+	// its last try, still has its place). When the wait ends it leaves the line.
+	ParkNever
 )
 
-// Park lets an acquisition of one plain lock (Lock, WithLock; not TryLock, not a set
-// of keys, not Limit(n)) that finds the key busy leave its place in the key's line to
-// a parked entry for ticket, and return an error wrapping ErrNotObtained and
-// ErrParked, rather than wait on or leave the line: at once, or when its wait in the
-// process ends at MaxWait, as mode says. A wait that ends with the context does not
-// park.
+// Park lets an acquisition of one plain lock (Lock, WithLock; not a set of keys, not
+// Limit(n)) that finds the key busy leave its place in the key's line to a parked
+// entry for ticket, and return an error wrapping ErrNotObtained and ErrParked, rather
+// than wait on or leave the line: at once, or when its wait in the process ends at
+// MaxWait, as mode says. A wait that ends with the context does not park; nor does a
+// single attempt (TryLock, MaxWait(0)), which only takes the lock if it was handed to
+// the ticket.
 //
 // When the parked entry's turn comes, the lock is handed to the ticket for claim (a
 // lease nobody renews), and the Starter of the acquisition that handed it over (see

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -250,4 +252,120 @@ func TestParkRefusesWhatItCannotPark(t *testing.T) {
 		assert.Panics(t, func() { Park(bad, time.Second, ParkLead) }, "ticket %q", bad)
 	}
 	assert.Panics(t, func() { Park("t", time.Millisecond, ParkLead) })
+}
+
+func TestLineOutlivesALongHolder(t *testing.T) {
+	// A key held, and renewed, for longer than three claims: its parked tasks come
+	// back by their fallback and park again in place, which keeps the line, in order.
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	c := New(rdb)
+	h, err := c.Lock(ctx, "k", 2*time.Second)
+	require.NoError(t, err)
+	park := func(tk string) {
+		_, err := c.Lock(ctx, "k", 2*time.Second, Park(tk, time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+	}
+	park("a")
+	park("b")
+	for range 30 { // each task comes back every second, in any order
+		m.FastForward(time.Second)
+		require.NoError(t, h.Extend(ctx, 2*time.Second))
+		park("b")
+		park("a")
+	}
+	var tickets []string
+	for _, e := range lineOf(t, backend{admin: rdb}, c, "k") {
+		tickets = append(tickets, e.ticket)
+	}
+	require.Equal(t, []string{"a", "b"}, tickets, "the line kept its order")
+}
+
+func TestRepeatedReleaseStillStartsItsTickets(t *testing.T) {
+	// A release whose reply is lost is sent again (by go-redis, or the release's own
+	// retry): the repeat names again the tickets to start, the one handed the lock
+	// and the one started ahead.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		h, err := c.Lock(ctx, key, 10*time.Second)
+		require.NoError(t, err)
+		for _, tk := range []string{"t1", "t2"} {
+			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+			require.ErrorIs(t, err, ErrParked)
+		}
+		_, first, err := c.plain.release(ctx, h.keys, h.id, "", h.fence, "")
+		require.NoError(t, err)
+		require.Len(t, first, 2, "t1 handed the lock, t2 started ahead") // this reply is lost
+		r, again, err := c.plain.release(ctx, h.keys, h.id, "", h.fence, "")
+		require.NoError(t, err)
+		require.Equal(t, releasedOK, r)
+		var tickets []string
+		for _, x := range again {
+			tickets = append(tickets, x.ticket)
+		}
+		assert.Equal(t, []string{"t1", "t2"}, tickets, "the repeat names them again")
+	})
+}
+
+func TestForceReleaseStartsNobodyAhead(t *testing.T) {
+	// A release by force hands the lock to a parked task it cannot start, and marks
+	// nobody as on their way: the next task to arrive starts the head.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		_, err := c.Lock(ctx, key, 10*time.Second)
+		require.NoError(t, err)
+		for _, tk := range []string{"t1", "t2"} {
+			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+			require.ErrorIs(t, err, ErrParked)
+		}
+		_, err = c.ForceRelease(ctx, key)
+		require.NoError(t, err)
+		line := lineOf(t, b, c, key)
+		require.Len(t, line, 1)
+		assert.False(t, line[0].started, "t2 is not marked as on its way")
+		s := newStarts()
+		_, err = c.Lock(ctx, key, 10*time.Second, Park("t3", 5*time.Second, ParkLead), MaxWait(10*time.Second), StartWith(s.start))
+		require.ErrorIs(t, err, ErrParked, "t1 holds the claim and t2 waits; t3 parks")
+		assert.Equal(t, Parked{Key: key, Ticket: "t2"}, s.next(t, 5*time.Second), "and starts the head, as nobody is on the way")
+	})
+}
+
+func TestParkNeverClaimsAndWaitsInItsPlace(t *testing.T) {
+	// A task that must not park (its last try) still has its ticket: it takes the
+	// lock handed to it, in one attempt, or waits in its parked entry's place.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		h, err := c.Lock(ctx, key, 10*time.Second)
+		require.NoError(t, err)
+		for _, tk := range []string{"a", "b"} {
+			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+			require.ErrorIs(t, err, ErrParked)
+		}
+		got := make(chan *Lock, 1)
+		go func() {
+			l, err := c.Lock(ctx, key, 10*time.Second, Park("a", 5*time.Second, ParkNever), MaxWait(10*time.Second))
+			assert.NoError(t, err)
+			got <- l
+		}()
+		require.Eventually(t, func() bool {
+			line := lineOf(t, b, c, key)
+			return len(line) == 2 && !line[0].parked && line[1].ticket == "b"
+		}, 5*time.Second, 5*time.Millisecond, "a waits in its entry's place, ahead of b")
+		require.NoError(t, h.Unlock(ctx))
+		a := <-got
+		require.NotNil(t, a)
+		require.NoError(t, a.Unlock(ctx)) // hands the lock to b, which nobody starts
+
+		l, err := c.TryLock(ctx, key, 10*time.Second, Park("b", 5*time.Second, ParkNever))
+		require.NoError(t, err, "one attempt claims the lock handed to its ticket")
+		require.NoError(t, l.Unlock(ctx))
+	})
 }

@@ -51,7 +51,8 @@ end
 -- task's ticket is added to start, as "<i> <mark><ticket>" (i, the lock's place in
 -- the call; mark, the entry's), for the caller's Starter to start it; it claims the
 -- lock when it arrives (plain_lock.lua). Then the parked task at the head of the
--- queue, if any, is started ahead of its turn (prestart). When no subscriber received
+-- queue, if any, is started ahead of its turn (prestart). A nil start (a caller that
+-- starts nothing: a release by force) collects no ticket and starts nobody ahead. When no subscriber received
 -- a waiter's message (the client died or is reconnecting), the next entry is tried,
 -- so dead waiters cannot swallow a release; the waiter passed over tries again by
 -- itself once it listens again; so is an entry of prev, the releaser. PUBLISH counts
@@ -89,13 +90,17 @@ local function handOver(lock, q, v, prev, chan, counts, self, ticket, start, i)
       local nv = value(f, WAITED, now, who, prev)
       redis.call('SET', lock, nv, 'PX', lease)
       if mark then
-        start[#start + 1] = i .. ' ' .. mark .. t
-        prestart(q, start, i)
+        if start then
+          start[#start + 1] = i .. ' ' .. mark .. t
+          prestart(q, start, i)
+        end
         return 'other', nv
       end
       local got = redis.call('PUBLISH', chan .. client, waiter .. ' ' .. string.sub(nv, 1, FENCE_DIGITS))
       if got > 0 or counts ~= '1' then
-        prestart(q, start, i)
+        if start then
+          prestart(q, start, i)
+        end
         return 'other', nv
       end
       v = nv

@@ -47,7 +47,7 @@ local old = string.char(FORCED) .. holder(v) .. ARGV[1]
 local last = v
 if state == WAITED then
   local given
-  given, last = handOver(KEYS[1], KEYS[2], v, old, ARGV[2], ARGV[3], nil, nil, {}, 1)
+  given, last = handOver(KEYS[1], KEYS[2], v, old, ARGV[2], ARGV[3], nil, nil, nil, 1)
   if given then
     before[6] = redis.call('GET', KEYS[1])
     return before

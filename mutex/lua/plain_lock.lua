@@ -94,33 +94,26 @@ local function park(lock, q, v, e, pttl, ticket, claim, who, mode, start, i)
     wait = false
   elseif mode == 'wait' or mine == STARTED or mine == 'waiter' then
     wait = true
-  else -- lead: the first in a worker, in its place
-    wait = not waiting and (mine ~= nil or #all == 0)
+  else -- lead: the first in a worker, at the head or in an empty line
+    wait = not waiting and (at == 1 or #all == 0)
   end
-  -- An entry changed in its place keeps the queue's expiry and the lock's state,
-  -- which its first push set.
   if wait then
-    if mine == 'waiter' then
-      return 'wait'
-    elseif mine then
+    if not mine then
+      redis.call('RPUSH', q, e)
+    elseif mine ~= 'waiter' then
       redis.call('LSET', q, at - 1, e)
-      return 'wait'
     end
-    redis.call('RPUSH', q, e)
-  elseif mine == PARKED then
-    return 'parked'
-  elseif mine then
-    redis.call('LSET', q, at - 1, parked())
-    return 'parked'
-  else
+  elseif not mine then
     redis.call('RPUSH', q, parked())
-    if mode == 'lead' and not waiting then
-      prestart(q, start, i) -- nobody is on the way: the head goes
-    end
+  elseif mine ~= PARKED then
+    redis.call('LSET', q, at - 1, parked())
   end
-  -- Set, not kept: every entry needs no more than this, and the holder whose lease a
-  -- longer expiry was for is the one pttl is of, or gone.
-  redis.call('PEXPIRE', q, math.max(2 * math.max(pttl, 1000), 3 * tonumber(claim)) + 1000)
+  if not wait and mode == 'lead' and not waiting then
+    prestart(q, start, i) -- nobody is on the way: the head goes
+  end
+  -- Every park keeps the line past its own fallback (a claim, its jitter and asynq's
+  -- move of due retries, 5s by default), and past twice the holder's lease.
+  keepQueue(q, math.max(2 * math.max(pttl, 1000), 3 * tonumber(claim)) + 10000)
   if string.byte(v, STATE_AT) == HELD then
     redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL')
   end
@@ -205,6 +198,7 @@ local function take(lock, q, id, ttl, head, queued, desc, start, i)
   local state = HELD
   if served == 'self' then
     state = WAITED -- others may be queued behind us
+    prestart(q, start, i)
   end
   local f, now = nextFence(last)
   redis.call('SET', lock, value(f, state, now, id .. desc, prev), 'PX', ttl)

@@ -56,6 +56,24 @@ local function unpark(q, ticket)
   end
 end
 
+-- restart adds to start, again, the tickets a hand-over of value v asked to start:
+-- the parked task v is handed to, and the one at the head of queue q started ahead.
+local function restart(q, v, i)
+  local who = holder(v)
+  local n = tonumber(string.sub(who, 1, LEN_DIGITS)) or 0
+  if string.sub(who, LEN_DIGITS + 1, LEN_DIGITS + 1) == PARKED and n > 1 then
+    start[#start + 1] = i .. ' ' .. STARTED .. string.sub(who, LEN_DIGITS + 2)
+  end
+  local h = redis.call('LINDEX', q, 0)
+  local mark, t = nil, nil
+  if h then
+    mark, t = parkedEntry(h)
+  end
+  if mark == STARTED then
+    start[#start + 1] = i .. ' ' .. STARTED .. t
+  end
+end
+
 local function release(lock, q, mark, i)
   if ARGV[2] ~= '' then
     redis.call('LREM', q, 0, ARGV[2])
@@ -75,7 +93,13 @@ local function release(lock, q, mark, i)
     if string.sub(prev, 1, #ARGV[1] + 1) == string.char(FORCED) .. ARGV[1] then
       return 2
     end
-    if (ARGV[2] == '' and held(v) and prev == ARGV[1]) or released(mark) then
+    if ARGV[2] == '' and held(v) and prev == ARGV[1] then
+      -- Handed over by this release, whose reply was lost: name again the tickets it
+      -- asked to start (starting twice is harmless).
+      restart(q, v, i)
+      return 1
+    end
+    if released(mark) then
       return 1
     end
     return 0

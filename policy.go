@@ -104,8 +104,8 @@ const (
 	// Park applies to a task's lock: one key, Limit(1), run by an asynq server. A
 	// task that finds a Limit(n) key full, several keys (OnEach) busy, its key at its
 	// rate limit or paused, or not yet its turn under InOrder is sent back as under
-	// RetryLater(DefaultRetryDelay); so is a task with no retry left, which waits as
-	// RetryLater says. MaxReschedules and MaxRescheduleTime count parks too. See
+	// RetryLater(DefaultRetryDelay). A task with no retry left waits as RetryLater
+	// says, in its place in the line if it has one. MaxReschedules and MaxRescheduleTime count parks too. See
 	// docs/conflicts.md for the line, its bounds and its failure cases.
 	Park Policy = -3
 

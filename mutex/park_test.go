@@ -54,6 +54,20 @@ func (s *starts) none(t *testing.T, d time.Duration) {
 	}
 }
 
+// holdAndPark takes key with a 10s lease and parks tickets behind it, in order, with
+// claims of 5s; it returns the holder.
+func holdAndPark(t *testing.T, c *Client, key string, tickets ...string) *Lock {
+	t.Helper()
+	ctx := context.Background()
+	h, err := c.Lock(ctx, key, 10*time.Second)
+	require.NoError(t, err)
+	for _, tk := range tickets {
+		_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+	}
+	return h
+}
+
 // lineOf is the entries of key's line, parked ones and waiters, oldest first.
 func lineOf(t *testing.T, b backend, c *Client, key string) []parsedEntry {
 	t.Helper()
@@ -223,14 +237,9 @@ func TestParkedTaskArrivingEarlyKeepsItsPlace(t *testing.T) {
 		ctx := context.Background()
 		c := New(b.rdb)
 		key := uniqueKey(t)
-		h, err := c.Lock(ctx, key, 10*time.Second)
-		require.NoError(t, err)
-		for _, tk := range []string{"x", "y", "z"} {
-			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
-			require.ErrorIs(t, err, ErrParked)
-		}
+		h := holdAndPark(t, c, key, "x", "y", "z")
 		// y comes back by its fallback, or run by hand: it parks again in its place.
-		_, err = c.Lock(ctx, key, 10*time.Second, Park("y", 5*time.Second, ParkLead), MaxWait(time.Millisecond))
+		_, err := c.Lock(ctx, key, 10*time.Second, Park("y", 5*time.Second, ParkLead), MaxWait(time.Millisecond))
 		require.ErrorIs(t, err, ErrNotObtained)
 		var tickets []string
 		for _, e := range lineOf(t, b, c, key) {
@@ -291,12 +300,7 @@ func TestRepeatedReleaseStillStartsItsTickets(t *testing.T) {
 		ctx := context.Background()
 		c := New(b.rdb)
 		key := uniqueKey(t)
-		h, err := c.Lock(ctx, key, 10*time.Second)
-		require.NoError(t, err)
-		for _, tk := range []string{"t1", "t2"} {
-			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
-			require.ErrorIs(t, err, ErrParked)
-		}
+		h := holdAndPark(t, c, key, "t1", "t2")
 		_, first, err := c.plain.release(ctx, h.keys, h.id, "", h.fence, "")
 		require.NoError(t, err)
 		require.Len(t, first, 2, "t1 handed the lock, t2 started ahead") // this reply is lost
@@ -318,13 +322,8 @@ func TestForceReleaseStartsNobodyAhead(t *testing.T) {
 		ctx := context.Background()
 		c := New(b.rdb)
 		key := uniqueKey(t)
-		_, err := c.Lock(ctx, key, 10*time.Second)
-		require.NoError(t, err)
-		for _, tk := range []string{"t1", "t2"} {
-			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
-			require.ErrorIs(t, err, ErrParked)
-		}
-		_, err = c.ForceRelease(ctx, key)
+		holdAndPark(t, c, key, "t1", "t2")
+		_, err := c.ForceRelease(ctx, key)
 		require.NoError(t, err)
 		line := lineOf(t, b, c, key)
 		require.Len(t, line, 1)
@@ -343,12 +342,7 @@ func TestParkNeverClaimsAndWaitsInItsPlace(t *testing.T) {
 		ctx := context.Background()
 		c := New(b.rdb)
 		key := uniqueKey(t)
-		h, err := c.Lock(ctx, key, 10*time.Second)
-		require.NoError(t, err)
-		for _, tk := range []string{"a", "b"} {
-			_, err = c.Lock(ctx, key, 10*time.Second, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
-			require.ErrorIs(t, err, ErrParked)
-		}
+		h := holdAndPark(t, c, key, "a", "b")
 		got := make(chan *Lock, 1)
 		go func() {
 			l, err := c.Lock(ctx, key, 10*time.Second, Park("a", 5*time.Second, ParkNever), MaxWait(10*time.Second))

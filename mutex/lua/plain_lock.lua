@@ -137,6 +137,20 @@ local function serve(lock, q, v, prev, self, ticket, start, i)
   return served, last
 end
 
+-- line puts the caller in the line of lock (queue q), held by another with value v
+-- and pttl ms left: as a waiter (entry e), or parked when it has a ticket; nobody
+-- without an entry. It returns what take does: 0 (busy) or -2 (parked), and pttl.
+local function line(lock, q, v, e, pttl, ticket, start, i)
+  if e and ticket then
+    if park(lock, q, v, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
+      return -2, pttl
+    end
+  elseif e then
+    enqueue(lock, q, v, e, pttl)
+  end
+  return 0, pttl
+end
+
 -- take takes lock (queue q) or queues the waiter (head, its entry's head; "" for
 -- none), or parks it (ARGV[9..12]); it returns the fence (0: busy, -1: a lock with
 -- Limit(n) holds the key, -2: parked) and the remaining lease of the holder.
@@ -169,31 +183,14 @@ local function take(lock, q, id, ttl, head, queued, desc, start, i)
       redis.call('SET', lock, value(f, string.byte(v, STATE_AT), tonumber(string.sub(v, SINCE_AT, ID_AT - 1)), id .. desc, prev), 'PX', ttl)
       return f, 0
     end
-    local pttl = redis.call('PTTL', lock)
-    if e and ticket then
-      if park(lock, q, v, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
-        return -2, pttl
-      end
-    elseif e then
-      enqueue(lock, q, v, e, pttl)
-    end
-    return 0, pttl
+    return line(lock, q, v, e, redis.call('PTTL', lock), ticket, start, i)
   end
   -- Free: absent, or a tombstone, which goes now.
   markReleased(lock, v)
   local prev = previous(v)
   local served, last = serve(lock, q, v, prev, e, ticket, start, i)
   if served == 'other' then
-    local pttl = redis.call('PTTL', lock)
-    local nv = redis.call('GET', lock)
-    if e and ticket then
-      if park(lock, q, nv, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
-        return -2, pttl
-      end
-    elseif e then
-      enqueue(lock, q, nv, e, pttl)
-    end
-    return 0, pttl
+    return line(lock, q, redis.call('GET', lock), e, redis.call('PTTL', lock), ticket, start, i)
   end
   local state = HELD
   if served == 'self' then

@@ -108,9 +108,14 @@ local function handOver(lock, q, v, prev, chan, counts, self, ticket, start, i)
   end
 end
 
--- keepQueue makes queue q live at least ms more.
+-- keepQueue makes queue q live at least ms more: in one command where the server
+-- has PEXPIRE's GT (Redis 7), in two before.
 local function keepQueue(q, ms)
-  if redis.call('PTTL', q) < ms then
+  if (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
+    if redis.call('PEXPIRE', q, ms, 'GT') == 0 then
+      redis.call('PEXPIRE', q, ms, 'NX') -- GT counts no expiry as infinite
+    end
+  elseif redis.call('PTTL', q) < ms then
     redis.call('PEXPIRE', q, ms)
   end
 end

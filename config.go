@@ -48,8 +48,10 @@ const ParkedTaskCheck = 20 * time.Millisecond
 // It also sets TaskCheckInterval to ParkedTaskCheck when cfg leaves it zero (asynq's
 // default is 1s): an idle server looks for tasks that often, and a parked task that
 // is started ahead of its turn (see Park) must arrive while the task before it runs.
-// An idle server then sends about one Redis call per ParkedTaskCheck, where asynq's
-// default sends one a second; set TaskCheckInterval yourself to choose otherwise.
+// An idle server then runs asynq's dequeue script about 50 times a second (3 Redis
+// commands, counting its own), where asynq's default runs it once a second. With many
+// servers on one Redis, set TaskCheckInterval higher yourself: on an idle fleet a hot
+// key's next task then waits up to about that long for a worker.
 //
 // Configure leaves cfg.ErrorHandler alone, and asynq calls it for every error a
 // handler returns, each busy key's *LockedError included. To report real failures

@@ -50,6 +50,10 @@ type proxyConn struct {
 	// subscriber is set, under Proxy.mu, once the client sent a SUBSCRIBE on it;
 	// frozen, by FreezeSubscribers, makes it swallow everything for good.
 	subscriber, frozen bool
+	// ready is set, under Proxy.mu, once the client sent a request that is not
+	// part of go-redis's connection handshake (HELLO, CLIENT SETINFO): DropReplies
+	// acts on ready connections only.
+	ready bool
 }
 
 func (c *proxyConn) close() {
@@ -98,8 +102,10 @@ func (p *Proxy) Addr() string {
 // request that caused the reply was delivered, so the target applied it but
 // the client sees EOF instead of the answer; go-redis then retries on a new
 // connection unless retries are off. Replies to go-redis's connection
-// handshake (HELLO, CLIENT SETINFO) count too, so warm the client's
-// connection (PING) before arming this.
+// handshake (HELLO, CLIENT SETINFO) are never dropped: a connection's
+// replies are dropped only once it sent another command, so that a loss
+// always falls on a command, also when the connection a loss closed is
+// replaced while the next loss is armed.
 //
 // Calls add to the pending count; n <= 0 cancels drops not yet made. It is
 // safe for concurrent use.
@@ -290,8 +296,14 @@ const (
 func (p *Proxy) verdict(c *proxyConn, reply bool, chunk []byte) verdict {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !reply && !c.subscriber && bytes.Contains(bytes.ToLower(chunk), []byte("subscribe")) {
-		c.subscriber = true
+	if !reply {
+		lower := bytes.ToLower(chunk)
+		if !c.subscriber && bytes.Contains(lower, []byte("subscribe")) {
+			c.subscriber = true
+		}
+		if !c.ready && !bytes.Contains(lower, []byte("hello")) && !bytes.Contains(lower, []byte("setinfo")) {
+			c.ready = true
+		}
 	}
 	if c.frozen {
 		return swallow
@@ -300,7 +312,7 @@ func (p *Proxy) verdict(c *proxyConn, reply bool, chunk []byte) verdict {
 		c.tainted = true
 		return swallow
 	}
-	if reply && p.dropLeft > 0 {
+	if reply && p.dropLeft > 0 && c.ready {
 		p.dropLeft--
 		p.dropped++
 		return drop

@@ -57,8 +57,9 @@ const activeFor = 2 * time.Second
 // fallback: the lock handed to it frees when its claim ends.
 //
 // Between reading a task's state and RunTask an operator may act on it; RunTask
-// moves only a task that is scheduled, retrying or archived, so a task archived in
-// that instant is run once more. asynq's public API offers nothing tighter.
+// moves any task that is not pending or active (archived and completed ones too), so
+// a task archived in that instant is run once more. asynq's public API offers
+// nothing tighter.
 func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 	queue, id, ok := fromTicket(p.Ticket)
 	if !ok {

@@ -85,6 +85,13 @@ func runParkFleet(t *testing.T, mode string) fleetResult {
 		return err == nil && r.done == len(keys), fmt.Sprintf("%d of %d done, err %v", n, len(keys), err)
 	})
 	r.drain = time.Since(start)
+	// A section marks its task done before the handler returns (in mode "twice",
+	// before its second section): stop the workers only once asynq has every task
+	// completed, or the shutdown cancels a handler still running.
+	waitFor(t, fleetBound, "asynq to complete every task", func() (bool, string) {
+		q, err := insp.GetQueueInfo("default")
+		return err == nil && q.Completed == len(keys) && q.Active == 0, fmt.Sprintf("%+v, %v", q, err)
+	})
 	for _, w := range workers {
 		if err := w.stop(30 * time.Second); err != nil {
 			t.Errorf("%s: %v; output:\n%s", w.name, err, w.out.String())

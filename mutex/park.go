@@ -147,20 +147,22 @@ func scriptReply(cmd *redis.Cmd, keys []string, per int) (nums []int64, hs []han
 // start has s start the tickets hs, in a goroutine, and passes on what a gone ticket
 // held. Without s, the tickets come by their own fallback.
 func (c *Client) start(s Starter, hs []handed) {
-	if s == nil || len(hs) == 0 {
-		return
+	if s != nil && len(hs) > 0 {
+		go c.starting(s, hs) // apart, so that a call with nothing to start allocates nothing
 	}
-	go func() {
-		for n := 0; n < 100 && len(hs) > 0; n++ {
-			h := hs[0]
-			hs = hs[1:]
-			key, _ := keyOf(c.prefix, h.lock)
-			ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-			if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started}) {
-				_, more, _ := c.plain.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
-				hs = append(hs, more...)
-			}
-			cancel()
+}
+
+// starting is start's goroutine: at most 100 tickets, those passed on included.
+func (c *Client) starting(s Starter, hs []handed) {
+	for n := 0; n < 100 && len(hs) > 0; n++ {
+		h := hs[0]
+		hs = hs[1:]
+		key, _ := keyOf(c.prefix, h.lock)
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started}) {
+			_, more, _ := c.plain.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
+			hs = append(hs, more...)
 		}
-	}()
+		cancel()
+	}
 }

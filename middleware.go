@@ -75,7 +75,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	if insp == nil {
 		insp = asynq.NewInspectorFromRedisClient(locks.Redis())
 	}
-	m.starter = &starter{insp: insp, locks: locks, log: m.log, emit: m.emit}
+	m.starter = &starter{insp: insp, log: m.log, emit: m.emit}
 	m.startWith = mutex.StartWith(m.starter.start)
 	if m.rateBy != "" {
 		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))

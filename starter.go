@@ -37,7 +37,6 @@ func fromTicket(t string) (queue, id string, ok bool) {
 // what it did to Observe.
 type starter struct {
 	insp   *asynq.Inspector
-	locks  *mutex.Client // to see whether a task that asynq no longer has waits in its line
 	log    func() *slog.Logger
 	emit   func(context.Context, Event)
 	warned atomic.Bool // a queue was not found: logged once
@@ -67,8 +66,11 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 		return true // not a ticket of ours: nobody to start
 	}
 	passedOver := func(typ string, why error) bool {
-		if !s.inLine(ctx, p.Key, id) {
-			return false // it arrived and ran meanwhile: nothing to pass over
+		// Unless it arrived and ran meanwhile: then there is nothing to pass over.
+		// When Redis cannot say, it is passed over, so that the line does not wait on
+		// a task asynq no longer has.
+		if in, err := p.InLine(ctx); err == nil && !in {
+			return false
 		}
 		s.emit(ctx, Event{Op: OpParkPassedOver, TaskType: typ, TaskID: id, Key: p.Key, Err: why})
 		return true
@@ -117,26 +119,6 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 		}
 		pause = min(2*pause, 200*time.Millisecond)
 	}
-}
-
-// inLine reports whether task id still stands in key's line: the lock is handed to
-// it (held by a parked identity naming it) or a parked entry names it; true when
-// Redis cannot say, so that the line does not wait on a task asynq no longer has.
-func (s *starter) inLine(ctx context.Context, key, id string) bool {
-	in, err := s.locks.Inspect(ctx, key)
-	if err != nil {
-		return true
-	}
-	parked := func(h mutex.Holder) bool { return h.ID == shortkey.Field(id) && h.Host == "" && h.PID == 0 }
-	if in.Held && parked(in.Holder) {
-		return true
-	}
-	for _, w := range in.Waiters {
-		if parked(w) {
-			return true
-		}
-	}
-	return in.Waiting > len(in.Waiters) // past the waiters Inspect lists: cannot say
 }
 
 // unanswered logs, once until asynq's Redis answers again, that a parked task could

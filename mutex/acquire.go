@@ -224,10 +224,6 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 	}
 }
 
-// parkedDesc is the description of a's parked entry (layout.go): its task, with no
-// host or process.
-func (a *acquisition) parkedDesc() string { return describe("\t\t", a.by.name, a.by.id) }
-
 // parkMode is what a's next attempt does at a busy lock, for plain_lock.lua: it parks
 // now once its wait in the process has ended (parkNow).
 func (a *acquisition) parkMode() string {

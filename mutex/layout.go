@@ -257,6 +257,10 @@ const (
 // parkedIdentity is the identity a lock holds while it is handed to ticket.
 func parkedIdentity(ticket string) string { return identity(string(parkedMark) + ticket) }
 
+// parkedDescription is the description of a parked entry, and of the lock handed to
+// it: HeldBy's name and id, with no host or process.
+func parkedDescription(by heldBy) string { return describe("\t\t", by.name, by.id) }
+
 // parsedEntry is what a queue entry says, read.
 type parsedEntry struct {
 	Holder

@@ -80,6 +80,42 @@ type Parked struct {
 	// Started is set when a Starter was asked to start the ticket before, ahead of its
 	// turn: its task may be on its way.
 	Started bool
+
+	c    *Client
+	lock string // the lock's Redis key
+}
+
+// InLine reports whether the ticket still stands in its key's line: the lock is
+// handed to it, or a parked entry names it. A Starter asks it before it reports a
+// task gone that may have arrived and run meanwhile. It reports true when the line is
+// longer than Inspect lists, past the entries it read; an error is Redis's. Safe for
+// concurrent use.
+func (p Parked) InLine(ctx context.Context) (bool, error) {
+	if p.c == nil {
+		return false, errors.New("mutex: Parked.InLine on a Parked no Starter was given")
+	}
+	res, err := p.c.run.Run(ctx, inspectScript, p.c.inspectKeys(p.lock), maxListedWaiters, countParked(false)).Slice()
+	if err != nil {
+		return false, fmt.Errorf("mutex: inspect %s: %w", show(p.Key), err)
+	}
+	if len(res) < 5 {
+		return false, fmt.Errorf("mutex: inspect %s: unexpected reply %v", show(p.Key), res)
+	}
+	if v, ok := res[1].(string); ok {
+		if lv, ok := parseValue(v); ok && lv.state != stateReleased && lv.id == parkedIdentity(p.Ticket) {
+			return true, nil
+		}
+	}
+	entries, _ := res[4].([]any)
+	for _, e := range entries {
+		if s, _ := e.(string); s != "" {
+			if pe := readEntry(s); pe.parked && pe.ticket == p.Ticket {
+				return true, nil
+			}
+		}
+	}
+	waiting, _ := res[3].(int64)
+	return int(waiting) > len(entries), nil
 }
 
 // Starter starts the task parked under p.Ticket, and reports gone when it will not
@@ -159,7 +195,7 @@ func (c *Client) starting(s Starter, hs []handed) {
 		hs = hs[1:]
 		key, _ := keyOf(c.prefix, h.lock)
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started}) {
+		if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started, c: c, lock: h.lock}) {
 			_, more, _ := c.plain.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
 			hs = append(hs, more...)
 		}

@@ -24,6 +24,7 @@ type starts struct {
 func newStarts() *starts { return &starts{gone: map[string]bool{}, ch: make(chan Parked, 16)} }
 
 func (s *starts) start(_ context.Context, p Parked) bool {
+	p = Parked{Key: p.Key, Ticket: p.Ticket, Started: p.Started} // what a Starter is told
 	s.mu.Lock()
 	s.got = append(s.got, p)
 	gone := s.gone[p.Ticket]
@@ -361,5 +362,32 @@ func TestParkNeverClaimsAndWaitsInItsPlace(t *testing.T) {
 		l, err := c.TryLock(ctx, key, 10*time.Second, Park("b", 5*time.Second, ParkNever))
 		require.NoError(t, err, "one attempt claims the lock handed to its ticket")
 		require.NoError(t, l.Unlock(ctx))
+	})
+}
+
+func TestParkedInLine(t *testing.T) {
+	// A Starter asks whether a ticket still stands in its line before it reports its
+	// task gone: parked, handed the lock, and no longer once its task took the lock.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		h := holdAndPark(t, c, key, "a")
+		inLine := func(ticket string) bool {
+			t.Helper()
+			in, err := Parked{Key: key, Ticket: ticket, c: c, lock: c.redisKey(key)}.InLine(ctx)
+			require.NoError(t, err)
+			return in
+		}
+		assert.True(t, inLine("a"), "parked")
+		assert.False(t, inLine("b"), "never parked")
+		require.NoError(t, h.Unlock(ctx)) // hands the lock to a, which nobody starts
+		assert.True(t, inLine("a"), "handed the lock")
+		l, err := c.TryLock(ctx, key, 10*time.Second, Park("a", 5*time.Second, ParkNever))
+		require.NoError(t, err)
+		assert.False(t, inLine("a"), "its task took the lock")
+		require.NoError(t, l.Unlock(ctx))
+		_, err = Parked{Key: key, Ticket: "a"}.InLine(ctx)
+		assert.Error(t, err, "a Parked no Starter was given")
 	})
 }

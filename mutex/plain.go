@@ -56,7 +56,7 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 	}
 	var ticket, claim, who, mode any = "", "0", "", ""
 	if p := a.park; p != nil { // without w, the ticket only claims: nothing is queued
-		ticket, claim, who, mode = p.ticket, p.claim.Milliseconds(), a.parkedDesc(), a.parkMode()
+		ticket, claim, who, mode = p.ticket, p.claim.Milliseconds(), parkedDescription(a.by), a.parkMode()
 	}
 	var (
 		fences []int64

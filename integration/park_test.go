@@ -94,8 +94,11 @@ func parkLine(t *testing.T, cli *asynq.Client, insp *asynq.Inspector, locks *mut
 	for i, n := range ns {
 		enqueue("park:task", n, asynq.MaxRetry(5))
 		waitFor(t, 10*time.Second, fmt.Sprintf("%d in the line", i+1), func() (bool, string) {
-			w, p := lineOf(t, locks, lockKey(t, "park", "k"))
-			return w == i+1, fmt.Sprintf("%d waiting, %d parked", w, p)
+			in, err := locks.Inspect(context.Background(), lockKey(t, "park", "k"))
+			_, task := taskInfo(insp, queue, n)
+			_, hold := taskInfo(insp, queue, "hold")
+			return err == nil && in.Waiting == i+1, fmt.Sprintf("%d waiting, %d parked, held %v by %v (%v); %s; hold: %s",
+				in.Waiting, in.Parked, in.Held, in.Holder, err, task, hold)
 		})
 	}
 	for _, n := range ns[1:] {

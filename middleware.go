@@ -76,7 +76,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 		insp = asynq.NewInspectorFromRedisClient(locks.Redis())
 	}
 	m.starter = &starter{insp: insp, log: m.log, emit: m.emit}
-	m.startWith = mutex.StartWith(m.starter.start)
+	m.startWith = mutex.StartWith(m.starter.startLocked)
 	if m.rateBy != "" {
 		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))
 	}
@@ -108,7 +108,7 @@ type middleware struct {
 	conflicts *conflicts.Counter // on the locks' Redis and prefix
 	limitOpt  mutex.LockOption   // mutex.Limit(limit)
 	starter   *starter           // starts parked tasks (Park)
-	startWith mutex.LockOption   // mutex.StartWith(starter.start): every lock passes it
+	startWith mutex.LockOption   // mutex.StartWith(starter.startLocked): every lock passes it
 	rates     *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 	seq       *order.Sequencer   // with InOrder: on the locks' Redis and prefix
 	stalls    stallWatch         // with InOrder: keys stalled behind a pending task

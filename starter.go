@@ -48,20 +48,34 @@ type starter struct {
 // soon as the middleware returns.
 const activeFor = 2 * time.Second
 
+// parkedTask is a parked task whose turn has come (or is near), as any line names it:
+// its key, its ticket, whether it was started before (see mutex.Parked.Started),
+// and how to ask whether it still stands in its line (nil: it does).
+type parkedTask struct {
+	key, ticket string
+	started     bool
+	inLine      func(context.Context) (bool, error)
+}
+
+// startLocked starts a task parked in a lock's line (a mutex.Starter).
+func (s *starter) startLocked(ctx context.Context, p mutex.Parked) (gone bool) {
+	return s.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket, started: p.Started, inLine: p.InLine})
+}
+
 // start starts the task parked under p's ticket, and reports gone when it will not
 // come: it is not in its queue (deleted, or done and not kept), archived, or
 // completed. A task in the retry set (or scheduled) is moved to its queue; one that
 // is pending is on its way already; one that is active is on its way when it was
 // started before (p.Started), and is returning from its park otherwise, so start
 // waits, a while, for it to be in the retry set. A Redis error leaves the task to its
-// fallback: the lock handed to it frees when its claim ends.
+// fallback (for a lock's line: the lock handed to it frees when its claim ends).
 //
 // Between reading a task's state and RunTask an operator may act on it; RunTask
 // moves any task that is not pending or active (archived and completed ones too), so
 // a task archived in that instant is run once more. asynq's public API offers
 // nothing tighter.
-func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
-	queue, id, ok := fromTicket(p.Ticket)
+func (s *starter) start(ctx context.Context, p parkedTask) (gone bool) {
+	queue, id, ok := fromTicket(p.ticket)
 	if !ok {
 		return true // not a ticket of ours: nobody to start
 	}
@@ -69,10 +83,12 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 		// Unless it arrived and ran meanwhile: then there is nothing to pass over.
 		// When Redis cannot say, it is passed over, so that the line does not wait on
 		// a task asynq no longer has.
-		if in, err := p.InLine(ctx); err == nil && !in {
-			return false
+		if p.inLine != nil {
+			if in, err := p.inLine(ctx); err == nil && !in {
+				return false
+			}
 		}
-		s.emit(ctx, Event{Op: OpParkPassedOver, TaskType: typ, TaskID: id, Key: p.Key, Err: why})
+		s.emit(ctx, Event{Op: OpParkPassedOver, TaskType: typ, TaskID: id, Key: p.key, Err: why})
 		return true
 	}
 	pause := 5 * time.Millisecond
@@ -95,14 +111,14 @@ func (s *starter) start(ctx context.Context, p mutex.Parked) (gone bool) {
 		switch info.State {
 		case asynq.TaskStateRetry, asynq.TaskStateScheduled:
 			if err := s.insp.RunTask(queue, id); err == nil {
-				s.emit(ctx, Event{Op: OpParkStarted, TaskType: info.Type, TaskID: id, Key: p.Key})
+				s.emit(ctx, Event{Op: OpParkStarted, TaskType: info.Type, TaskID: id, Key: p.key})
 				return false
 			}
 			// It moved meanwhile: look again.
 		case asynq.TaskStatePending:
 			return false
 		case asynq.TaskStateActive:
-			if p.Started {
+			if p.started {
 				return false
 			}
 			sawActive = true

@@ -21,6 +21,9 @@ type State struct {
 	Skipped int64
 	// Holder is the task that holds Next, while Next <= Last.
 	Holder Holder
+	// Parked is how many of the places waiting have their task parked (Park): in no
+	// process, to be started when its turn comes.
+	Parked int64
 }
 
 // Waiting is how many places are taken and not finished.
@@ -58,11 +61,11 @@ func (s *Sequencer) List(ctx context.Context) iter.Seq2[State, error] {
 // state reads inspect.lua's reply about the sequence at Redis key rkey.
 func state(rkey string, res []any) (State, error) {
 	st := State{RedisKey: rkey}
-	if len(res) != 6 {
+	if len(res) != 7 {
 		return st, fmt.Errorf("order: inspect %s: unexpected reply %v", show(rkey), res)
 	}
 	st.Epoch, _ = res[0].(string)
-	st.Next, st.Last, st.Skipped = number(res[1]), number(res[2]), number(res[3])
+	st.Next, st.Last, st.Skipped, st.Parked = number(res[1]), number(res[2]), number(res[3]), number(res[6])
 	if rec, _ := res[4].(string); rec != "" {
 		st.Holder = holder(rec, number(res[5]))
 	}

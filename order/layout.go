@@ -27,6 +27,10 @@ import (
 //     record when its producer could not enqueue the task.
 //   - idPrefix followed by a task ID, for each such place: the place, so that a Take
 //     that go-redis sends again after a lost reply finds the place its first run took.
+//   - parkPrefix followed by a place, in decimal, for each place whose task parked
+//     (Park) and was not started since: the ticket its caller gave, which the Finish
+//     that makes the place the key's next drops and returns, to be started.
+//   - fieldParked: how many places have such a mark.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
 // place, as FormatPlace writes it, followed, when the place is taken, by " <µs now>
@@ -50,14 +54,16 @@ const (
 	fieldNext     = "next"
 	fieldSkipped  = "skipped"
 	idPrefix      = "id:"
+	parkPrefix    = "park:"
+	fieldParked   = "parked"
 	abandonedMark = "-"
 	// requeuedSuffix ends Requeue's announcement.
 	requeuedSuffix = " requeued"
 )
 
 // luaLayout defines the layout's constants for the scripts.
-var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
-	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
+var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, PARKP, PARKED, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
+	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, parkPrefix, fieldParked, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
 
 // redisKey is the Redis key (and channel) of key's sequence under prefix.
 func redisKey(prefix, key string) string {

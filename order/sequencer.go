@@ -23,6 +23,7 @@ type Sequencer struct {
 	run    *store.Runner // every Redis call of the Sequencer goes through it
 	prefix string
 	listen *listener // the Awaits' shared subscription
+	start  Starter   // StartWith's; nil: parked tasks come back by themselves
 }
 
 // Option configures a Sequencer in New.
@@ -38,6 +39,33 @@ func (f optionFunc) apply(s *Sequencer) { f(s) }
 func Prefix(p string) Option {
 	rediskey.CheckPrefix("order.Prefix", p)
 	return optionFunc(func(s *Sequencer) { s.prefix = p })
+}
+
+// Parked is a task that parked (Sequencer.Park) and whose turn has come: the Finish
+// of the place before it made its place the key's next.
+type Parked struct {
+	Key    string
+	Place  Place
+	Ticket string // as given to Park
+}
+
+// A Starter starts a parked task whose turn has come (see StartWith). ctx ends after
+// startTimeout. It must be safe for concurrent use.
+type Starter func(ctx context.Context, p Parked)
+
+// startTimeout bounds a Starter's call.
+const startTimeout = 10 * time.Second
+
+// StartWith has the Sequencer call s, in a goroutine of its own, for each parked task
+// whose place a Finish of the Sequencer (or a Later's) made the key's next: the
+// Finish drops the place's park mark and names its ticket in its reply. Without it,
+// or when the Starter fails, the task comes back by itself (its caller's fallback).
+// The default is none. StartWith panics if s is nil.
+func StartWith(s Starter) Option {
+	if s == nil {
+		panic("order.StartWith: nil Starter")
+	}
+	return optionFunc(func(q *Sequencer) { q.start = s })
 }
 
 // New returns a Sequencer that keeps its sequences in client, a single-node, Sentinel
@@ -164,7 +192,12 @@ type Holder struct {
 // Enter says whether place p of key may run: its Turn, in one read-only script call.
 // On error, the Turn is zero. Safe for concurrent use.
 func (s *Sequencer) Enter(ctx context.Context, key string, p Place) (Turn, error) {
-	res, err := s.run.Run(ctx, enterScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N).Slice()
+	return turnOf(key, p, s.run.Run(ctx, enterScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N))
+}
+
+// turnOf reads the reply of enterScript or parkScript about place p of key.
+func turnOf(key string, p Place, cmd *redis.Cmd) (Turn, error) {
+	res, err := cmd.Slice()
 	if err != nil {
 		return Turn{}, fmt.Errorf("order: key %s: place %v: %w", show(key), p.N, err)
 	}
@@ -197,6 +230,21 @@ func holder(rec string, now int64) Holder {
 	return Holder{TaskID: r.id, Queue: r.queue, Age: time.Duration(max(now-r.taken, 0)) * time.Microsecond, Abandoned: r.abandoned}
 }
 
+// Park is Enter, and also, when an earlier place is not finished (TurnWait), marks
+// place p parked for ticket, in one script call: the task waits in no process, and
+// the Finish that makes p the key's next drops the mark and has the Sequencer's
+// Starter (StartWith) start the task. Call it when the task leaves to wait
+// elsewhere; any other Turn marks nothing, and its task should go on as Enter's
+// would. A place marked again keeps one mark, with the new ticket. ticket must be
+// non-empty; Park returns an error otherwise, or when Redis could not be reached.
+// Safe for concurrent use.
+func (s *Sequencer) Park(ctx context.Context, key string, p Place, ticket string) (Turn, error) {
+	if ticket == "" {
+		return Turn{}, fmt.Errorf("order: key %s: place %v: park: empty ticket", show(key), p.N)
+	}
+	return turnOf(key, p, s.run.Run(ctx, parkScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, ticket))
+}
+
 // How says how a place was finished, for Finish.
 type How uint8
 
@@ -221,12 +269,13 @@ var howArgs = [...]string{Done: "done", Skipped: "skip", Abandoned: "abandon"}
 // nothing changed, but for Abandoned's mark. Places after p that were abandoned are
 // finished with it. Finish returns an error if how is not Done, Skipped or Abandoned
 // or Redis could not be reached; a call go-redis sends again finds the place
-// finished and returns 0. Safe for concurrent use.
+// finished and returns 0. When the new next place's task parked (Park), the
+// Sequencer's Starter is called for it (StartWith). Safe for concurrent use.
 func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (int64, error) {
 	if err := checkHow(key, p, how); err != nil {
 		return 0, err
 	}
-	return finished(key, p, s.run.Run(ctx, finishScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, howArgs[how]))
+	return s.finished(key, p, s.run.Run(ctx, finishScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, howArgs[how]))
 }
 
 func checkHow(key string, p Place, how How) error {
@@ -236,13 +285,28 @@ func checkHow(key string, p Place, how How) error {
 	return nil
 }
 
-// finished reads the reply of finishScript.
-func finished(key string, p Place, cmd *redis.Cmd) (int64, error) {
-	next, err := cmd.Int64()
+// finished reads the reply of finishScript about place p of key, and has the
+// Starter start the task of the new next place when the reply names its ticket.
+func (s *Sequencer) finished(key string, p Place, cmd *redis.Cmd) (int64, error) {
+	res, err := cmd.Slice()
 	if err != nil {
 		return 0, fmt.Errorf("order: key %s: finish place %v: %w", show(key), p.N, err)
 	}
+	if len(res) != 2 {
+		return 0, fmt.Errorf("order: key %s: finish place %v: unexpected reply %v", show(key), p.N, res)
+	}
+	next := number(res[0])
+	if ticket, _ := res[1].(string); ticket != "" && s.start != nil {
+		go s.starting(Parked{Key: key, Place: Place{Epoch: p.Epoch, N: next}, Ticket: ticket})
+	}
 	return next, nil
+}
+
+// starting calls the Starter for pk, bounded by startTimeout.
+func (s *Sequencer) starting(pk Parked) {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	s.start(ctx, pk)
 }
 
 // Requeue announces that the task of place p of key stopped and will run again
@@ -262,6 +326,7 @@ func (s *Sequencer) Requeue(ctx context.Context, key string, p Place) (bool, err
 // task's place finished in the pipeline of its lock's release, so that order costs
 // the release no round trip of its own. Create it with FinishLater.
 type Later struct {
+	s   *Sequencer
 	key string
 	p   Place
 	rd  *store.Rider
@@ -277,7 +342,7 @@ type Later struct {
 // Finish's outcome, and sends it alone when no call carried it (clients that
 // differ, say). Safe for concurrent use.
 func (s *Sequencer) FinishLater(ctx context.Context, key string, p Place) (context.Context, *Later) {
-	l := &Later{key: key, p: p, rd: s.run.NewRider([]string{redisKey(s.prefix, key)})}
+	l := &Later{s: s, key: key, p: p, rd: s.run.NewRider([]string{redisKey(s.prefix, key)})}
 	return store.Carry(ctx, l.rd), l
 }
 
@@ -312,7 +377,7 @@ func (l *Later) Result(ctx context.Context) (int64, error) {
 		}
 		return 0, nil
 	}
-	return finished(l.key, l.p, cmd)
+	return l.s.finished(l.key, l.p, cmd)
 }
 
 func number(v any) int64 {

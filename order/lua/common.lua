@@ -10,3 +10,31 @@ end
 local function int(x)
   return string.format('%d', x)
 end
+
+-- turn: where place p of epoch stands in the sequence at key (enter.lua's reply):
+-- {state, next, record, now}.
+local function turn(key, epoch, p)
+  local t = int(now())
+  local got = redis.call('HMGET', key, EPOCH, NEXT)
+  if got[1] ~= epoch then
+    return {'unknown', 0, '', t}
+  end
+  local nxt = tonumber(got[2])
+  if p == nxt then
+    return {'turn', nxt, '', t}
+  elseif p < nxt then
+    return {'passed', nxt, '', t}
+  end
+  return {'wait', nxt, redis.call('HGET', key, nxt) or '', t}
+end
+
+-- unpark: drop the park mark of place n of the sequence at key, if it has one, and
+-- return its ticket (false if none).
+local function unpark(key, n)
+  local ticket = redis.call('HGET', key, PARKP .. int(n))
+  if ticket then
+    redis.call('HDEL', key, PARKP .. int(n))
+    redis.call('HINCRBY', key, PARKED, -1)
+  end
+  return ticket
+end

@@ -9,15 +9,17 @@
 -- ARGV[3] -> how: 'done' (its task finished), 'skip' (the key moves past it without
 --            its task), 'abandon' (its producer could not enqueue the task)
 --
--- Returns the key's next place after the call, or 0 when the place was not the
--- key's next (another call finished it, or an earlier place is not finished: then
+-- Returns {next, ticket}: the key's next place after the call, or 0 when the place
+-- was not the key's next (another call finished it, or an earlier place is not finished: then
 -- 'abandon' marks the place so that the key moves past it when its turn comes) or the
 -- key has no sequence of that epoch. The places after it that were abandoned are
--- finished with it. A key with no place left unfinished expires after KEEP_MS.
+-- finished with it. ticket is the park mark of the new next place, dropped (see
+-- park.lua), for the caller to start its task; '' when it has none. A key with no
+-- place left unfinished expires after KEEP_MS.
 local key, epoch, p, how = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local got = redis.call('HMGET', key, EPOCH, NEXT)
 if got[1] ~= epoch then
-  return 0
+  return {0, ''}
 end
 local nxt = tonumber(got[2])
 if p ~= nxt then
@@ -27,7 +29,7 @@ if p ~= nxt then
       redis.call('HSET', key, p, ABANDONED .. ' ' .. rec)
     end
   end
-  return 0
+  return {0, ''}
 end
 local last = tonumber(redis.call('HGET', key, LAST))
 local skipped = 0
@@ -47,6 +49,7 @@ local function finish(n)
     end
     redis.call('HDEL', key, n)
   end
+  unpark(key, n)
 end
 finish(p)
 nxt = p + 1
@@ -68,12 +71,13 @@ if nxt > last then
 end
 -- The announcement names the new next place's holder, so that a waiter whose place
 -- is later judges it without asking again.
-local msg = epoch .. ':' .. int(nxt)
+local msg, ticket = epoch .. ':' .. int(nxt), ''
 if nxt <= last then
+  ticket = unpark(key, nxt) or ''
   local rec = redis.call('HGET', key, nxt)
   if rec then
     msg = msg .. ' ' .. int(now()) .. ' ' .. rec
   end
 end
 redis.call('PUBLISH', key, msg)
-return nxt
+return {nxt, ticket}

@@ -2,13 +2,13 @@
 --
 -- KEYS[1] -> the key's sequence, a hash (layout.go)
 --
--- Returns {epoch, next, last, skipped, record, now}: the sequence's fields ('' and
--- zeros when the key has none), the record of the next place ('' if none), and the
--- server's time.
+-- Returns {epoch, next, last, skipped, record, now, parked}: the sequence's fields
+-- ('' and zeros when the key has none), the record of the next place ('' if none),
+-- the server's time, and how many places are parked.
 local key = KEYS[1]
-local got = redis.call('HMGET', key, EPOCH, NEXT, LAST, SKIPPED)
+local got = redis.call('HMGET', key, EPOCH, NEXT, LAST, SKIPPED, PARKED)
 local rec = ''
 if got[2] then
   rec = redis.call('HGET', key, got[2]) or ''
 end
-return {got[1] or '', tonumber(got[2]) or 0, tonumber(got[3]) or 0, tonumber(got[4]) or 0, rec, int(now())}
+return {got[1] or '', tonumber(got[2]) or 0, tonumber(got[3]) or 0, tonumber(got[4]) or 0, rec, int(now()), tonumber(got[5]) or 0}

@@ -1,0 +1,19 @@
+-- park: enter, and when an earlier place is not finished, mark the place parked: its
+-- task waits in no process, and the Finish that makes the place the key's next
+-- returns its ticket, for the caller to start the task (layout.go).
+--
+-- KEYS[1] -> the key's sequence, a hash (layout.go)
+-- ARGV[1] -> the place's epoch
+-- ARGV[2] -> the place
+-- ARGV[3] -> the ticket
+--
+-- Returns what enter returns; the place is marked only when the state is 'wait'. A
+-- place marked already keeps its mark, with the new ticket.
+local key, p = KEYS[1], tonumber(ARGV[2])
+local r = turn(key, ARGV[1], p)
+if r[1] == 'wait' then
+  if redis.call('HSET', key, PARKP .. int(p), ARGV[3]) == 1 then
+    redis.call('HINCRBY', key, PARKED, 1)
+  end
+end
+return r

@@ -1,0 +1,132 @@
+package order
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// startedTickets is a Starter that hands on what it is asked to start.
+func startedTickets() (Starter, chan Parked) {
+	ch := make(chan Parked, 16)
+	return func(_ context.Context, p Parked) { ch <- p }, ch
+}
+
+// nextStart waits for the Starter's next call, within a bound no correct run nears.
+func nextStart(t *testing.T, ch chan Parked) Parked {
+	t.Helper()
+	select {
+	case p := <-ch:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no parked task was started")
+		return Parked{}
+	}
+}
+
+// noStart checks that the Starter was not asked to start anything (yet).
+func noStart(t *testing.T, ch chan Parked, after string) {
+	t.Helper()
+	select {
+	case p := <-ch:
+		t.Fatalf("after %s, started %+v; want nothing started", after, p)
+	default:
+	}
+}
+
+func TestParkedPlaceIsStartedByTheFinishBeforeIt(t *testing.T) {
+	t.Parallel()
+	start, started := startedTickets()
+	s, ctx, key := New(sharedServer(t), StartWith(start)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "q", "t1")
+	p2, _ := s.Take(ctx, key, "q", "t2")
+	p3, _ := s.Take(ctx, key, "q", "t3")
+
+	// The place whose turn it is parks nothing: its task goes on.
+	if turn, err := s.Park(ctx, key, p1, "ticket-1"); err != nil || turn.State != TurnNow {
+		t.Fatalf("Park(place 1) = %+v, %v; want its turn", turn, err)
+	}
+	for _, p := range []Place{p2, p3} {
+		if turn, err := s.Park(ctx, key, p, "ticket-"+p.String()); err != nil || turn.State != TurnWait || turn.Next != 1 || turn.Holder.TaskID != "t1" {
+			t.Fatalf("Park(place %d) = %+v, %v; want a wait for place 1 held by t1", p.N, turn, err)
+		}
+	}
+	// Parked again (its fallback came back early): one mark, the new ticket.
+	if _, err := s.Park(ctx, key, p3, "ticket-3"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 2 {
+		t.Fatalf("Inspect = %+v, %v; want 2 parked", st, err)
+	}
+	noStart(t, started, "parking")
+
+	// Finishing place 1 starts place 2's task, and only it.
+	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 2 {
+		t.Fatalf("Finish(1) = %d, %v; want next 2", n, err)
+	}
+	if got := nextStart(t, started); got.Key != key || got.Place != p2 || got.Ticket != "ticket-"+p2.String() {
+		t.Fatalf("started %+v; want place 2 with its ticket", got)
+	}
+	// A Finish sent again starts nothing more.
+	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 0 {
+		t.Fatalf("Finish(1) again = %d, %v; want 0", n, err)
+	}
+	// Place 2 is skipped (its task was gone): place 3's task is started, with the
+	// ticket it parked with last; a Finish carried by a Later starts it too.
+	lctx, later := s.FinishLater(ctx, key, p2)
+	_ = later.Finish(Skipped)
+	if _, err := s.Enter(lctx, key, p3); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := later.Result(ctx); err != nil || n != 3 {
+		t.Fatalf("Later.Result = %d, %v; want next 3", n, err)
+	}
+	if got := nextStart(t, started); got.Place != p3 || got.Ticket != "ticket-3" {
+		t.Fatalf("started %+v; want place 3 with ticket-3", got)
+	}
+	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 0 {
+		t.Fatalf("Inspect = %+v, %v; want none parked", st, err)
+	}
+	if _, err := s.Park(ctx, key, p3, ""); err == nil {
+		t.Fatal("Park with an empty ticket: want an error")
+	}
+}
+
+func TestParkedPlaceBehindAbandonedOnesIsStarted(t *testing.T) {
+	t.Parallel()
+	start, started := startedTickets()
+	s, ctx, key := New(sharedServer(t), StartWith(start)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "q", "t1")
+	p2, _ := s.Take(ctx, key, "q", "t2")
+	p3, _ := s.Take(ctx, key, "q", "t3")
+	// Place 3 parks, then its key moves past it with place 2 skipped as abandoned
+	// along with place 1's finish.
+	if _, err := s.Park(ctx, key, p3, "ticket-3"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Finish(ctx, key, p2, Abandoned); err != nil || n != 0 {
+		t.Fatalf("Finish(2, Abandoned) = %d, %v; want 0 (place 1 not finished)", n, err)
+	}
+	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 3 {
+		t.Fatalf("Finish(1) = %d, %v; want next 3", n, err)
+	}
+	if got := nextStart(t, started); got.Place != p3 {
+		t.Fatalf("started %+v; want place 3", got)
+	}
+	// The counts stay true through a park, its start and the finishes after it.
+	p4, _ := s.Take(ctx, key, "q", "t4")
+	if _, err := s.Park(ctx, key, p4, "ticket-4"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Finish(ctx, key, p3, Done); err != nil {
+		t.Fatal(err)
+	}
+	nextStart(t, started)
+	if _, err := s.Finish(ctx, key, p4, Done); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 0 {
+		t.Fatalf("Inspect = %+v, %v; want none parked", st, err)
+	}
+	noStart(t, started, "the last finish")
+}

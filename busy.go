@@ -73,8 +73,14 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 	switch {
 	case r.parked:
 		// Its fallback: it is started when its turn comes, and comes back by itself
-		// after this if that start is lost.
+		// after this if that start is lost; behind a task due later, a second after
+		// that one is due.
 		le.RetryIn, le.parked = m.claim(), true
+		if le.turn != nil {
+			if due := time.Until(le.turn.due); due > 0 {
+				le.RetryIn = max(le.RetryIn, wholeSeconds(due)+time.Second)
+			}
+		}
 		report("park")
 		return le
 	case le.limited != nil:
@@ -95,6 +101,27 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 	}
 	report("retry")
 	return le
+}
+
+// mayPark reports whether task tk, refused, parks: under Park, run by an asynq
+// server (which alone can start it again), neither on its last try nor past a
+// reschedule cap. Call it after waitLeft, which judges both.
+func (m *middleware) mayPark(tk *task) bool {
+	return m.policy == Park && tk.meta.id != "" && tk.meta.queue != "" && !tk.lastTry && tk.pastCap == nil
+}
+
+// leads reports whether, under Park, the first task in a busy key's line waits in its
+// worker, up to LeadWait, rather than parks: when MaxWait is not set.
+func (c *config) leads() bool { return c.policy == Park && c.maxWait == 0 }
+
+// leadWait is how long the first task in a busy key's line waits in its worker under
+// Park: LeadWait, ending DeadlineMargin before the task's deadline.
+func (m *middleware) leadWait(ctx context.Context) time.Duration {
+	wait := LeadWait
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline)-DeadlineMargin)
+	}
+	return max(wait, 0)
 }
 
 // waitLeft is how long task tk may still wait for its key at a gate: what is left of

@@ -71,11 +71,8 @@ func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 		return nil
 	}
 	mode, wait := mutex.ParkAfterWait, left
-	if m.maxWait == 0 {
-		mode, wait = mutex.ParkLead, LeadWait
-		if deadline, ok := ctx.Deadline(); ok {
-			wait = min(wait, time.Until(deadline)-DeadlineMargin)
-		}
+	if m.leads() {
+		mode, wait = mutex.ParkLead, m.leadWait(ctx)
 	}
 	if tk.lastTry || tk.pastCap != nil || wait <= 0 {
 		mode, wait = mutex.ParkNever, left

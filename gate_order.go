@@ -49,11 +49,14 @@ type TaskLookup interface {
 // A task whose turn has not come waits up to MaxWait while the task ahead of it
 // runs, woken when that task finishes (a pub/sub message, not polling); then, or at
 // once when the task ahead is queued or waits for a retry, the OnConflict policy
-// applies as for a busy key: RetryLater sends it back without spending a retry (with
-// Configure), for RetryLater's delay without backoff or jitter, or until a second
-// after the task ahead is due. Ordered keys drain quickly only with a MaxWait that
-// covers a handler's run: without one every task that meets a running predecessor
-// is sent back. A task with no retry left waits for any task ahead, up to
+// applies as for a busy key. Under Park, the default, it parks: it leaves its worker,
+// its place is marked in Redis, and the finish of the place before it starts it
+// (asynq's Inspector.RunTask); the task next in line waits up to LeadWait in its
+// worker first while the task ahead runs. A parked task that is gone when its turn
+// comes (deleted, archived) is moved past at once. RetryLater sends it back without
+// spending a retry (with Configure), for RetryLater's delay without backoff or
+// jitter, or until a second after the task ahead is due; under it, ordered keys drain
+// quickly only with a MaxWait that covers a handler's run. A task with no retry left waits for any task ahead, up to
 // LastTryWait, and is archived if its turn has not come: give ordered tasks retries.
 //
 // A task that fails and will be retried keeps its place: the key waits for it, and
@@ -177,6 +180,13 @@ func (m *middleware) orderGate(ctx context.Context, tk *task, next func(context.
 	}
 	var due time.Time
 	turn, err := m.awaitTurn(ctx, tk, p, &due)
+	if err == nil && turn.State == order.TurnWait && m.mayPark(tk) {
+		// It parks: the finish of the place before its own starts it. The turn may
+		// have come meanwhile: then it goes on.
+		if turn, err = m.seq.Park(ctx, tk.key, p, ticket(tk.meta.queue, tk.meta.id)); err == nil && turn.State == order.TurnWait {
+			return &refusal{op: OpOutOfTurn, parked: true, le: &LockedError{Key: tk.key, turn: &turnWait{place: p.N, next: turn.Next, holder: turn.Holder, due: due}}}
+		}
+	}
 	switch {
 	case err != nil:
 		return &wrapError{
@@ -323,6 +333,11 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 	key, id := tk.key, tk.meta.id
 	deadline := time.Now().Add(m.waitLeft(ctx, tk))
 	turn, err := m.seq.Enter(ctx, key, p)
+	if err == nil && turn.State == order.TurnWait && turn.Next == p.N-1 && m.leads() {
+		// Next in line under Park: it waits in its worker up to LeadWait, to start
+		// the moment the task ahead finishes, while the tasks behind it park.
+		deadline = time.Now().Add(m.leadWait(ctx))
+	}
 	// A task that waits listens on its key's channel until it is done waiting, so
 	// that it hears what is announced while it asks asynq about the task ahead, and
 	// asks Redis again only when an announcement leaves it unsure.
@@ -529,6 +544,25 @@ func (w *stallWatch) readersOf(tasks TaskLookup, queue string) int {
 // sequencer is the Sequencer of the keys of locks: on its Redis client, under its
 // prefix, so that a task's Finish can ride in its lock's release (see
 // order.Sequencer.FinishLater), and producers and workers meet in one place.
-func sequencer(locks *mutex.Client) *order.Sequencer {
-	return order.New(locks.Redis(), order.Prefix(locks.Prefix()))
+func sequencer(locks *mutex.Client, opts ...order.Option) *order.Sequencer {
+	return order.New(locks.Redis(), append([]order.Option{order.Prefix(locks.Prefix())}, opts...)...)
+}
+
+// startOrdered starts the task parked at place p of its key, whose turn has come (an
+// order.Starter). A task that will not come (deleted, archived, completed) is moved
+// past at once, as the gap rule would move past it, and reported as OpOrderSkipped:
+// the finish starts the task after it if that one parked too.
+func (m *middleware) startOrdered(ctx context.Context, p order.Parked) {
+	gone := m.starter.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket})
+	if gone == "" {
+		return
+	}
+	n, err := m.seq.Finish(ctx, p.Key, p.Place, order.Skipped)
+	if err != nil || n == 0 {
+		return // Redis did not answer, or the task ran and finished its place after all
+	}
+	queue, id, _ := fromTicket(p.Ticket)
+	m.emit(ctx, Event{Op: OpOrderSkipped, TaskID: id, Key: p.Key,
+		Err: &GapError{Key: p.Key, Place: p.Place.N, TaskID: id, Queue: queue, Reason: gone}})
+	m.abandonedPast(ctx, "", p.Key, p.Place.N, n)
 }

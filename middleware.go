@@ -81,7 +81,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))
 	}
 	if m.ordered {
-		m.seq = sequencer(locks)
+		m.seq = sequencer(locks, order.StartWith(m.startOrdered))
 	}
 	m.path = m.gates()
 	return func(next asynq.Handler) asynq.Handler {

@@ -59,12 +59,12 @@ type parkedTask struct {
 
 // startLocked starts a task parked in a lock's line (a mutex.Starter).
 func (s *starter) startLocked(ctx context.Context, p mutex.Parked) (gone bool) {
-	return s.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket, started: p.Started, inLine: p.InLine})
+	return s.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket, started: p.Started, inLine: p.InLine}) != ""
 }
 
-// start starts the task parked under p's ticket, and reports gone when it will not
-// come: it is not in its queue (deleted, or done and not kept), archived, or
-// completed. A task in the retry set (or scheduled) is moved to its queue; one that
+// start starts the task parked under p's ticket, and reports why, when it will not
+// come: "missing" when it is not in its queue (deleted, or done and not kept),
+// "archived" or "completed"; "" otherwise. A task in the retry set (or scheduled) is moved to its queue; one that
 // is pending is on its way already; one that is active is on its way when it was
 // started before (p.Started), and is returning from its park otherwise, so start
 // waits, a while, for it to be in the retry set. A Redis error leaves the task to its
@@ -74,22 +74,22 @@ func (s *starter) startLocked(ctx context.Context, p mutex.Parked) (gone bool) {
 // moves any task that is not pending or active (archived and completed ones too), so
 // a task archived in that instant is run once more. asynq's public API offers
 // nothing tighter.
-func (s *starter) start(ctx context.Context, p parkedTask) (gone bool) {
+func (s *starter) start(ctx context.Context, p parkedTask) (gone string) {
 	queue, id, ok := fromTicket(p.ticket)
 	if !ok {
-		return true // not a ticket of ours: nobody to start
+		return "missing" // not a ticket of ours: nobody to start
 	}
-	passedOver := func(typ string, why error) bool {
+	passedOver := func(typ, reason string, why error) string {
 		// Unless it arrived and ran meanwhile: then there is nothing to pass over.
 		// When Redis cannot say, it is passed over, so that the line does not wait on
 		// a task asynq no longer has.
 		if p.inLine != nil {
 			if in, err := p.inLine(ctx); err == nil && !in {
-				return false
+				return ""
 			}
 		}
 		s.emit(ctx, Event{Op: OpParkPassedOver, TaskType: typ, TaskID: id, Key: p.key, Err: why})
-		return true
+		return reason
 	}
 	pause := 5 * time.Millisecond
 	sawActive := false // it ran meanwhile: whatever it is now, it is not waiting to be started
@@ -97,40 +97,40 @@ func (s *starter) start(ctx context.Context, p parkedTask) (gone bool) {
 		info, err := s.insp.GetTaskInfo(queue, id)
 		switch {
 		case sawActive && (errors.Is(err, asynq.ErrTaskNotFound) || err == nil && info.State != asynq.TaskStateActive && info.State != asynq.TaskStateRetry):
-			return false // done, or failed on its own: not ours to report
+			return "" // done, or failed on its own: not ours to report
 		case errors.Is(err, asynq.ErrTaskNotFound):
-			return passedOver("", err)
+			return passedOver("", "missing", err)
 		case errors.Is(err, asynq.ErrQueueNotFound):
 			s.queueNotFound(ctx, queue, id)
-			return passedOver("", err)
+			return passedOver("", "missing", err)
 		case err != nil:
 			s.unanswered(ctx, queue, id, err)
-			return false
+			return ""
 		}
 		s.failed.Store(false)
 		switch info.State {
 		case asynq.TaskStateRetry, asynq.TaskStateScheduled:
 			if err := s.insp.RunTask(queue, id); err == nil {
 				s.emit(ctx, Event{Op: OpParkStarted, TaskType: info.Type, TaskID: id, Key: p.key})
-				return false
+				return ""
 			}
 			// It moved meanwhile: look again.
 		case asynq.TaskStatePending:
-			return false
+			return ""
 		case asynq.TaskStateActive:
 			if p.started {
-				return false
+				return ""
 			}
 			sawActive = true
 		default: // archived, completed, aggregating: not ours to run
-			return passedOver(info.Type, fmt.Errorf("asynq: task is %v", info.State))
+			return passedOver(info.Type, info.State.String(), fmt.Errorf("asynq: task is %v", info.State))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
+			return ""
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return ""
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, 200*time.Millisecond)

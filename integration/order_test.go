@@ -919,3 +919,55 @@ func TestOrderStalledBehindPendingTask(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderParkedTaskGoneIsMovedPast: under the default policy, the tasks behind a
+// running ordered task park; one of them deleted while parked is moved past the
+// moment its turn comes (reason "missing"), and the task after it is started by that
+// same step, not by its fallback.
+func TestOrderParkedTaskGoneIsMovedPast(t *testing.T) {
+	t.Parallel()
+	g := newGapEnv(t, 10*time.Second)
+	g.opts = []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+		asynqmutex.InOrder(g.insp), asynqmutex.Observe(g.log.observe)}
+	first, second, third := g.enqueue(t, 1), g.enqueue(t, 2), g.enqueue(t, 3)
+	release := make(chan struct{})
+	var released sync.Once
+	t.Cleanup(func() { released.Do(func() { close(release) }) })
+	g.start(t, func(ctx context.Context, task *asynq.Task) error {
+		if id, _ := asynq.GetTaskID(ctx); id == first {
+			<-release
+		}
+		return g.log.handler(ctx, task)
+	})
+
+	// Both tasks behind the first park (the second after its LeadWait) and are back in
+	// asynq's retry set.
+	waitFor(t, 10*asynqmutex.LeadWait, "tasks 2 and 3 parked", func() (bool, string) {
+		parked := 0
+		for _, e := range g.log.eventsOf(asynqmutex.OpOutOfTurn) {
+			if e.Policy == "park" {
+				parked++
+			}
+		}
+		info, err := g.insp.GetTaskInfo("default", second)
+		return parked >= 2 && err == nil && info.State == asynq.TaskStateRetry, fmt.Sprintf("%d parked, task 2: %v", parked, err)
+	})
+	if err := g.insp.DeleteTask("default", second); err != nil {
+		t.Fatal(err)
+	}
+	released.Do(func() { close(release) })
+
+	if got, want := g.ran(t, 2, 30*time.Second), names(1, 3); !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
+	}
+	if r := g.skips()[2]; r != "missing" {
+		t.Errorf("place 2 skipped for %q, want missing; skips %v", r, g.skips())
+	}
+	started := false
+	for _, e := range g.log.eventsOf(asynqmutex.OpParkStarted) {
+		started = started || e.TaskID == third
+	}
+	if !started {
+		t.Errorf("task 3 was not started when the key moved past place 2 (it came by its fallback); events %v", g.log.events)
+	}
+}

@@ -79,6 +79,7 @@ type procSpec struct {
 	Concurrency int
 	Grace       time.Duration // OrderGrace; 0 leaves the default
 	MaxWait     time.Duration
+	Park        bool          // the default policy, Park, with no MaxWait; else MaxWait and RetryLater(1s)
 	MaxDelay    time.Duration // a handler sleeps a random time below it
 	FailPercent int           // the share of runs that fail, transiently
 
@@ -222,8 +223,10 @@ func procMain(raw string) int {
 // options are the middleware's and producer's options: one list serves both, as
 // NewProducer's doc suggests.
 func options(spec procSpec, tasks asynqmutex.TaskLookup, observe func(context.Context, asynqmutex.Event)) []asynqmutex.Option {
-	o := []asynqmutex.Option{asynqmutex.For(taskType), asynqmutex.On("key"),
-		asynqmutex.MaxWait(spec.MaxWait), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second))}
+	o := []asynqmutex.Option{asynqmutex.For(taskType), asynqmutex.On("key")}
+	if !spec.Park {
+		o = append(o, asynqmutex.MaxWait(spec.MaxWait), asynqmutex.OnConflict(asynqmutex.RetryLater(time.Second)))
+	}
 	if spec.Ordered {
 		o = append(o, asynqmutex.InOrder(tasks))
 		if spec.Grace > 0 {

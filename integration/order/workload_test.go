@@ -38,14 +38,14 @@ func workloadTasks(pr int) []taskRef {
 	return out
 }
 
-// runWorkload runs the workload, ordered or under the lock alone, and returns what
-// the referee recorded, the workers' reports and how long the drain took from the
-// producers' go.
-func runWorkload(t *testing.T, ordered bool) (history, []procReport, time.Duration) {
+// runWorkload runs the workload, ordered or under the lock alone, its workers parking
+// busy tasks (park) or waiting and sending them back, and returns what the referee
+// recorded, the workers' reports and how long the drain took from the producers' go.
+func runWorkload(t *testing.T, ordered, park bool) (history, []procReport, time.Duration) {
 	f := newFleet(t, drainBound+30*time.Second)
 	for w := 1; w <= workers; w++ {
 		f.start(t, procSpec{Role: roleWorker, ID: w, Ordered: ordered, Concurrency: concurrency,
-			MaxWait: maxWait, MaxDelay: 3 * time.Millisecond, FailPercent: 10})
+			MaxWait: maxWait, Park: park, MaxDelay: 3 * time.Millisecond, FailPercent: 10})
 	}
 	var prods []*proc
 	for pr := range producers {
@@ -85,54 +85,25 @@ func allTasks() []taskRef {
 // run out of enqueue order, which the order checker must see.
 func TestOrderedFleet(t *testing.T) {
 	t.Parallel()
-	t.Run("ordered", func(t *testing.T) {
-		t.Parallel()
-		h, reps, took := runWorkload(t, true)
-		if faults := onceFaults(allTasks(), h.runs); len(faults) > 0 {
-			t.Errorf("%d tasks not run exactly once on success; first: %s", len(faults), faults[0])
+	for _, park := range []bool{false, true} {
+		name := "ordered, MaxWait and RetryLater"
+		if park {
+			name = "ordered, parked (the defaults)"
 		}
-		if n, first := outOfOrder(h); n > 0 {
-			t.Errorf("%d pairs ran out of enqueue order; first: %s", n, first)
-		}
-		faults, done := placeFaults(h.runs)
-		if len(faults) > 0 {
-			t.Errorf("%d runs out of place order; first: %s", len(faults), faults[0])
-		}
-		for k := range keys {
-			key := fmt.Sprintf("k%02d", k)
-			want := make([]int64, perKey)
-			for i := range want {
-				want[i] = int64(i + 1)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h, reps, took := runWorkload(t, true, park)
+			checkOrdered(t, h, reps, took)
+			// Positive control of the path under test: tasks did park and were
+			// started when the task ahead finished.
+			if started := ops(reps)["park_started"]; park && started == 0 {
+				t.Errorf("no parked task was started (events %v): the run did not test parking", ops(reps))
 			}
-			if !slices.Equal(done[key], want) {
-				t.Errorf("key %s: places succeeded %v, want 1..%d in order", key, done[key], perKey)
-			}
-		}
-		if faults := overlapFaults(h.runs); len(faults) > 0 {
-			t.Errorf("%d runs overlapped another of their key; first: %s", len(faults), faults[0])
-		}
-		n, _ := keysAtOnce(h.runs)
-		if n < 2 {
-			t.Errorf("at most %d key ran at once, want keys in parallel", n)
-		}
-		failed := 0
-		for _, r := range h.runs {
-			if !r.OK {
-				failed++
-			}
-		}
-		if failed == 0 {
-			t.Errorf("no run failed: the test did not test retries")
-		}
-		if len(h.events) > 0 {
-			t.Errorf("%d places skipped or tasks run out of order, want none; first: %+v", len(h.events), h.events[0])
-		}
-		t.Logf("ordered: %d tasks drained in %v over %d runs (%d failed and retried), up to %d keys at once; events %v",
-			keys*perKey, took.Round(time.Millisecond), len(h.runs), failed, n, ops(reps))
-	})
+		})
+	}
 	t.Run("control without order", func(t *testing.T) {
 		t.Parallel()
-		h, reps, took := runWorkload(t, false)
+		h, reps, took := runWorkload(t, false, false)
 		// The lock alone still runs each task once, one at a time per key.
 		if faults := onceFaults(allTasks(), h.runs); len(faults) > 0 {
 			t.Errorf("%d tasks not run exactly once on success; first: %s", len(faults), faults[0])
@@ -148,4 +119,52 @@ func TestOrderedFleet(t *testing.T) {
 		t.Logf("without order: drained in %v, %d pairs out of order, up to %d keys at once; first: %s; events %v",
 			took.Round(time.Millisecond), n, keysAt, first, ops(reps))
 	})
+}
+
+// checkOrdered checks an ordered run: each task succeeded once, in enqueue order and
+// place order, one at a time per key, keys in parallel, failures retried, no place
+// skipped.
+func checkOrdered(t *testing.T, h history, reps []procReport, took time.Duration) {
+	t.Helper()
+	if faults := onceFaults(allTasks(), h.runs); len(faults) > 0 {
+		t.Errorf("%d tasks not run exactly once on success; first: %s", len(faults), faults[0])
+	}
+	if n, first := outOfOrder(h); n > 0 {
+		t.Errorf("%d pairs ran out of enqueue order; first: %s", n, first)
+	}
+	faults, done := placeFaults(h.runs)
+	if len(faults) > 0 {
+		t.Errorf("%d runs out of place order; first: %s", len(faults), faults[0])
+	}
+	for k := range keys {
+		key := fmt.Sprintf("k%02d", k)
+		want := make([]int64, perKey)
+		for i := range want {
+			want[i] = int64(i + 1)
+		}
+		if !slices.Equal(done[key], want) {
+			t.Errorf("key %s: places succeeded %v, want 1..%d in order", key, done[key], perKey)
+		}
+	}
+	if faults := overlapFaults(h.runs); len(faults) > 0 {
+		t.Errorf("%d runs overlapped another of their key; first: %s", len(faults), faults[0])
+	}
+	n, _ := keysAtOnce(h.runs)
+	if n < 2 {
+		t.Errorf("at most %d key ran at once, want keys in parallel", n)
+	}
+	failed := 0
+	for _, r := range h.runs {
+		if !r.OK {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Errorf("no run failed: the test did not test retries")
+	}
+	if len(h.events) > 0 {
+		t.Errorf("%d places skipped or tasks run out of order, want none; first: %+v", len(h.events), h.events[0])
+	}
+	t.Logf("ordered: %d tasks drained in %v over %d runs (%d failed and retried), up to %d keys at once; events %v",
+		keys*perKey, took.Round(time.Millisecond), len(h.runs), failed, n, ops(reps))
 }

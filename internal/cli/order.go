@@ -22,6 +22,7 @@ type orderJSON struct {
 	Last     int64            `json:"last"`
 	Waiting  int64            `json:"waiting"` // places taken and not finished
 	Skipped  int64            `json:"skipped"`
+	Parked   int64            `json:"parked"` // of the places waiting, those whose task parked
 	Holder   *orderHolderJSON `json:"holder,omitempty"`
 	// OtherForms: see showJSON. Nearby: when the key has no order, the ordered keys
 	// near it.
@@ -65,7 +66,7 @@ func orderShow(ctx context.Context, seq *order.Sequencer, forms []form, given st
 	}
 	if p.json {
 		doc := orderJSON{Key: key, RedisKey: st.RedisKey, Ordered: st.Epoch != "", Epoch: st.Epoch,
-			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped, OtherForms: othersJSON(all, shown)}
+			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped, Parked: st.Parked, OtherForms: othersJSON(all, shown)}
 		if st.Waiting() > 0 && st.Holder.TaskID != "" {
 			doc.Holder = &orderHolderJSON{TaskID: st.Holder.TaskID, Queue: st.Holder.Queue,
 				AgeMS: st.Holder.Age.Milliseconds(), Abandoned: st.Holder.Abandoned}
@@ -100,7 +101,8 @@ func (p *printer) orderText(st order.State, all []found[order.State], shown int,
 	case w == 0:
 		field("Next place:", "%d; every place taken is finished", st.Next)
 	default:
-		field("Next place:", "%d of %d taken: %d %s not finished", st.Next, st.Last, w, plural(int(w), "place", "places"))
+		field("Next place:", "%d of %d taken: %d %s not finished, %d parked (in no worker, started when their turn comes)",
+			st.Next, st.Last, w, plural(int(w), "place", "places"), st.Parked)
 		h := st.Holder
 		switch {
 		case h.TaskID == "":

@@ -27,10 +27,13 @@ func TestOrder(t *testing.T) {
 	if _, err := seq.Finish(ctxT(t), key, places[0], order.Skipped); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := seq.Park(ctxT(t), key, places[2], "a-ticket"); err != nil {
+		t.Fatal(err)
+	}
 
 	r := mustRun(t, "order", "--task", "transfer", "acct-7", uri)
 	for _, want := range []string{
-		"Next place:  2 of 3 taken: 2 places not finished",
+		"Next place:  2 of 3 taken: 2 places not finished, 1 parked",
 		`Waits for:   task t-2 in queue transfers, which took its place`,
 		"Skipped:     1 place moved past without its task finishing\n",
 	} {
@@ -44,7 +47,7 @@ func TestOrder(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
 		t.Fatalf("order --json: %v\n%s", err, r.stdout)
 	}
-	if !doc.Ordered || doc.Next != 2 || doc.Last != 3 || doc.Waiting != 2 || doc.Skipped != 1 ||
+	if !doc.Ordered || doc.Next != 2 || doc.Last != 3 || doc.Waiting != 2 || doc.Skipped != 1 || doc.Parked != 1 ||
 		doc.Holder == nil || doc.Holder.TaskID != "t-2" || doc.Holder.Queue != "transfers" {
 		t.Errorf("order --json = %+v (holder %+v)", doc, doc.Holder)
 	}

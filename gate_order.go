@@ -49,11 +49,13 @@ type TaskLookup interface {
 // A task whose turn has not come waits up to MaxWait while the task ahead of it
 // runs, woken when that task finishes (a pub/sub message, not polling); then, or at
 // once when the task ahead is queued or waits for a retry, the OnConflict policy
-// applies as for a busy key. Under Park, the default, it parks: it leaves its worker,
-// its place is marked in Redis, and the finish of the place before it starts it
-// (asynq's Inspector.RunTask); the task next in line waits up to LeadWait in its
-// worker first while the task ahead runs. A parked task that is gone when its turn
-// comes (deleted, archived) is moved past at once. RetryLater sends it back without
+// applies as for a busy key. Under Park, the default, it parks at once: it leaves its
+// worker, its place is marked in Redis, and the finish of the place before it starts
+// it (asynq's Inspector.RunTask). That finish also starts the parked task after it,
+// ahead of its turn: it waits up to LeadWait in its worker for the task ahead, so a
+// backlog passes from task to task without waiting for asynq to dispatch each. A
+// parked task that is gone when its turn comes (deleted, archived) is moved past at
+// once. RetryLater sends it back without
 // spending a retry (with Configure), for RetryLater's delay without backoff or
 // jitter, or until a second after the task ahead is due; under it, ordered keys drain
 // quickly only with a MaxWait that covers a handler's run. A task with no retry left waits for any task ahead, up to
@@ -333,9 +335,11 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 	key, id := tk.key, tk.meta.id
 	deadline := time.Now().Add(m.waitLeft(ctx, tk))
 	turn, err := m.seq.Enter(ctx, key, p)
-	if err == nil && turn.State == order.TurnWait && turn.Next == p.N-1 && m.leads() {
-		// Next in line under Park: it waits in its worker up to LeadWait, to start
-		// the moment the task ahead finishes, while the tasks behind it park.
+	// Started ahead of its turn under Park (the task ahead was started as the place
+	// before it finished): it waits in its worker up to LeadWait for the task ahead,
+	// which is on its way or running, to start the moment that one finishes.
+	ahead := err == nil && turn.Ahead && m.leads()
+	if ahead {
 		deadline = time.Now().Add(m.leadWait(ctx))
 	}
 	// A task that waits listens on its key's channel until it is done waiting, so
@@ -372,13 +376,16 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 		// said it will run again later, wait for it until the grace has passed, then
 		// ask asynq again.
 		young := !running && h.Age < m.orderGrace && !h.Requeued
-		if left <= 0 || !running && !young && !tk.lastTry {
+		// One started ahead waits for a task ahead that was started with it, unless
+		// that one will run only later (it failed, or is scheduled).
+		onItsWay := ahead && !h.Requeued && due.IsZero()
+		if left <= 0 || !running && !young && !onItsWay && !tk.lastTry {
 			if pending && h.Age >= m.orderGrace {
 				m.stalls.report(ctx, m, tk, turn)
 			}
 			return turn, nil
 		}
-		if young {
+		if young && !onItsWay {
 			left = min(left, m.orderGrace-h.Age)
 		}
 		if watch == nil {
@@ -548,14 +555,19 @@ func sequencer(locks *mutex.Client, opts ...order.Option) *order.Sequencer {
 	return order.New(locks.Redis(), append([]order.Option{order.Prefix(locks.Prefix())}, opts...)...)
 }
 
-// startOrdered starts the task parked at place p of its key, whose turn has come (an
-// order.Starter). A task that will not come (deleted, archived, completed) is moved
-// past at once, as the gap rule would move past it, and reported as OpOrderSkipped:
-// the finish starts the task after it if that one parked too.
+// startOrdered starts the task parked at place p of its key, whose turn has come or
+// is next (an order.Starter). A task whose turn has come and that will not come
+// (deleted, archived, completed) is moved past at once, as the gap rule would move
+// past it, and reported as OpOrderSkipped: the finish starts the task after it if
+// that one parked too.
 func (m *middleware) startOrdered(ctx context.Context, p order.Parked) {
-	gone := m.starter.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket})
-	if gone == "" {
-		return
+	inLine := func(ctx context.Context) (bool, error) { // its place is not finished
+		turn, err := m.seq.Enter(ctx, p.Key, p.Place)
+		return turn.State == order.TurnNow || turn.State == order.TurnWait, err
+	}
+	gone := m.starter.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket, started: p.Started, inLine: inLine})
+	if gone == "" || p.Ahead {
+		return // one started ahead and gone is moved past when its turn comes
 	}
 	n, err := m.seq.Finish(ctx, p.Key, p.Place, order.Skipped)
 	if err != nil || n == 0 {

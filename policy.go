@@ -102,8 +102,8 @@ const (
 	// runs is passed over, or keeps its place when it arrives early.
 	//
 	// Under InOrder, a task whose turn has not come parks in its key's order the same
-	// way: the finish of the task ahead starts it (the next in line waits up to
-	// LeadWait in its worker while the task ahead runs).
+	// way: the finish of the task ahead starts it, and the task after it ahead of its
+	// turn, to wait up to LeadWait in its worker.
 	//
 	// Park applies to a task's lock (one key, Limit(1)) and its turn under InOrder,
 	// run by an asynq server. A task that finds a Limit(n) key full, several keys

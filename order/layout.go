@@ -29,7 +29,9 @@ import (
 //     that go-redis sends again after a lost reply finds the place its first run took.
 //   - parkPrefix followed by a place, in decimal, for each place whose task parked
 //     (Park) and was not started since: the ticket its caller gave, which the Finish
-//     that makes the place the key's next drops and returns, to be started.
+//     that makes the place the key's next drops and returns, to be started; after
+//     startedMark once the Finish that made the place before it the next returned it
+//     to be started ahead of its turn (the mark stays until the place's own turn).
 //   - fieldParked: how many places have such a mark.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
@@ -56,14 +58,15 @@ const (
 	idPrefix      = "id:"
 	parkPrefix    = "park:"
 	fieldParked   = "parked"
+	startedMark   = "^"
 	abandonedMark = "-"
 	// requeuedSuffix ends Requeue's announcement.
 	requeuedSuffix = " requeued"
 )
 
 // luaLayout defines the layout's constants for the scripts.
-var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, PARKP, PARKED, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
-	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, parkPrefix, fieldParked, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
+var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, PARKP, PARKED, STARTED, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
+	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, parkPrefix, fieldParked, startedMark, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
 
 // redisKey is the Redis key (and channel) of key's sequence under prefix.
 func redisKey(prefix, key string) string {

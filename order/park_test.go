@@ -60,19 +60,29 @@ func TestParkedPlaceIsStartedByTheFinishBeforeIt(t *testing.T) {
 	}
 	noStart(t, started, "parking")
 
-	// Finishing place 1 starts place 2's task, and only it.
+	// Finishing place 1 starts place 2's task, whose turn came, and place 3's ahead
+	// of its turn; place 3's Enter says so.
 	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 2 {
 		t.Fatalf("Finish(1) = %d, %v; want next 2", n, err)
 	}
-	if got := nextStart(t, started); got.Key != key || got.Place != p2 || got.Ticket != "ticket-"+p2.String() {
-		t.Fatalf("started %+v; want place 2 with its ticket", got)
+	if got := nextStart(t, started); got.Key != key || got.Place != p2 || got.Ticket != "ticket-"+p2.String() || got.Started || got.Ahead {
+		t.Fatalf("started %+v; want place 2 with its ticket, its turn come", got)
+	}
+	if got := nextStart(t, started); got.Place != p3 || got.Ticket != "ticket-3" || got.Started || !got.Ahead {
+		t.Fatalf("started %+v; want place 3 with ticket-3, ahead of its turn", got)
+	}
+	if turn, err := s.Enter(ctx, key, p3); err != nil || turn.State != TurnWait || !turn.Ahead {
+		t.Fatalf("Enter(place 3) = %+v, %v; want a wait, started ahead", turn, err)
+	}
+	if turn, err := s.Enter(ctx, key, p2); err != nil || turn.State != TurnNow || turn.Ahead {
+		t.Fatalf("Enter(place 2) = %+v, %v; want its turn", turn, err)
 	}
 	// A Finish sent again starts nothing more.
 	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 0 {
 		t.Fatalf("Finish(1) again = %d, %v; want 0", n, err)
 	}
-	// Place 2 is skipped (its task was gone): place 3's task is started, with the
-	// ticket it parked with last; a Finish carried by a Later starts it too.
+	// Place 2 is skipped (its task was gone): place 3's task is started, marked as
+	// started before; a Finish carried by a Later starts it too.
 	lctx, later := s.FinishLater(ctx, key, p2)
 	_ = later.Finish(Skipped)
 	if _, err := s.Enter(lctx, key, p3); err != nil {
@@ -81,14 +91,16 @@ func TestParkedPlaceIsStartedByTheFinishBeforeIt(t *testing.T) {
 	if n, err := later.Result(ctx); err != nil || n != 3 {
 		t.Fatalf("Later.Result = %d, %v; want next 3", n, err)
 	}
-	if got := nextStart(t, started); got.Place != p3 || got.Ticket != "ticket-3" {
-		t.Fatalf("started %+v; want place 3 with ticket-3", got)
+	if got := nextStart(t, started); got.Place != p3 || got.Ticket != "ticket-3" || !got.Started || got.Ahead {
+		t.Fatalf("started %+v; want place 3 with ticket-3, started before", got)
 	}
 	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 0 {
 		t.Fatalf("Inspect = %+v, %v; want none parked", st, err)
 	}
-	if _, err := s.Park(ctx, key, p3, ""); err == nil {
-		t.Fatal("Park with an empty ticket: want an error")
+	for _, bad := range []string{"", "^t"} {
+		if _, err := s.Park(ctx, key, p3, bad); err == nil {
+			t.Fatalf("Park with ticket %q: want an error", bad)
+		}
 	}
 }
 
@@ -113,16 +125,38 @@ func TestParkedPlaceBehindAbandonedOnesIsStarted(t *testing.T) {
 	if got := nextStart(t, started); got.Place != p3 {
 		t.Fatalf("started %+v; want place 3", got)
 	}
-	// The counts stay true through a park, its start and the finishes after it.
+	// A task started ahead that parks again (its wait ran out) is no longer marked
+	// started, and the counts stay true through it all.
 	p4, _ := s.Take(ctx, key, "q", "t4")
-	if _, err := s.Park(ctx, key, p4, "ticket-4"); err != nil {
-		t.Fatal(err)
+	p5, _ := s.Take(ctx, key, "q", "t5")
+	for _, p := range []Place{p4, p5} {
+		if _, err := s.Park(ctx, key, p, "ticket-"+p.String()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := s.Finish(ctx, key, p3, Done); err != nil {
 		t.Fatal(err)
 	}
 	nextStart(t, started)
+	if got := nextStart(t, started); got.Place != p5 || !got.Ahead {
+		t.Fatalf("started %+v; want place 5 ahead of its turn", got)
+	}
+	if turn, err := s.Park(ctx, key, p5, "ticket-5"); err != nil || turn.State != TurnWait || !turn.Ahead {
+		t.Fatalf("Park(place 5) = %+v, %v; want a wait, started ahead before this park", turn, err)
+	}
+	if turn, err := s.Enter(ctx, key, p5); err != nil || turn.Ahead {
+		t.Fatalf("Enter(place 5) after its park = %+v, %v; want no longer started ahead", turn, err)
+	}
+	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 1 {
+		t.Fatalf("Inspect = %+v, %v; want 1 parked", st, err)
+	}
 	if _, err := s.Finish(ctx, key, p4, Done); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextStart(t, started); got.Place != p5 || got.Ticket != "ticket-5" || got.Started || got.Ahead {
+		t.Fatalf("started %+v; want place 5, its turn come, not started before", got)
+	}
+	if _, err := s.Finish(ctx, key, p5, Done); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 0 {

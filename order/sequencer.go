@@ -47,6 +47,13 @@ type Parked struct {
 	Key    string
 	Place  Place
 	Ticket string // as given to Park
+	// Started is set when the task was started before, ahead of its turn: it may be
+	// on its way, or waiting for its turn in a process.
+	Started bool
+	// Ahead is set when the place's turn has not come: the Finish that made the place
+	// before it the key's next starts the task ahead, so that it waits for its turn in
+	// a process (Turn.Ahead tells it) rather than in asynq's queue.
+	Ahead bool
 }
 
 // A Starter starts a parked task whose turn has come (see StartWith). ctx ends after
@@ -58,7 +65,9 @@ const startTimeout = 10 * time.Second
 
 // StartWith has the Sequencer call s, in a goroutine of its own, for each parked task
 // whose place a Finish of the Sequencer (or a Later's) made the key's next: the
-// Finish drops the place's park mark and names its ticket in its reply. Without it,
+// Finish drops the place's park mark and names its ticket in its reply. The same
+// Finish names the parked task of the place after it, to be started ahead of its
+// turn (Parked.Ahead). Without it,
 // or when the Starter fails, the task comes back by itself (its caller's fallback).
 // The default is none. StartWith panics if s is nil.
 func StartWith(s Starter) Option {
@@ -173,6 +182,9 @@ type Turn struct {
 	// With TurnWait, Holder is the task that holds the next place, as its producer
 	// recorded it; its Age is measured on the Redis server's clock.
 	Holder Holder
+	// Ahead is set, with TurnWait, when the place's task parked and was started ahead
+	// of its turn (see StartWith): it is meant to wait for its turn in its process.
+	Ahead bool
 }
 
 // Holder is the task that took a place.
@@ -201,7 +213,7 @@ func turnOf(key string, p Place, cmd *redis.Cmd) (Turn, error) {
 	if err != nil {
 		return Turn{}, fmt.Errorf("order: key %s: place %v: %w", show(key), p.N, err)
 	}
-	if len(res) != 4 {
+	if len(res) != 5 {
 		return Turn{}, fmt.Errorf("order: key %s: place %v: unexpected reply %v", show(key), p.N, res)
 	}
 	state, _ := res[0].(string)
@@ -214,6 +226,7 @@ func turnOf(key string, p Place, cmd *redis.Cmd) (Turn, error) {
 	case "wait":
 		t.State = TurnWait
 		t.Holder = holder(rec, number(res[3]))
+		t.Ahead = number(res[4]) == 1
 	case "passed":
 		t.State = TurnPassed
 	default:
@@ -236,11 +249,11 @@ func holder(rec string, now int64) Holder {
 // Starter (StartWith) start the task. Call it when the task leaves to wait
 // elsewhere; any other Turn marks nothing, and its task should go on as Enter's
 // would. A place marked again keeps one mark, with the new ticket. ticket must be
-// non-empty; Park returns an error otherwise, or when Redis could not be reached.
-// Safe for concurrent use.
+// non-empty and must not begin with "^"; Park returns an error otherwise, or when
+// Redis could not be reached. Safe for concurrent use.
 func (s *Sequencer) Park(ctx context.Context, key string, p Place, ticket string) (Turn, error) {
-	if ticket == "" {
-		return Turn{}, fmt.Errorf("order: key %s: place %v: park: empty ticket", show(key), p.N)
+	if ticket == "" || strings.HasPrefix(ticket, startedMark) {
+		return Turn{}, fmt.Errorf("order: key %s: place %v: park: ticket %s is empty or begins with %q", show(key), p.N, shortkey.Quote(ticket), startedMark)
 	}
 	return turnOf(key, p, s.run.Run(ctx, parkScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, ticket))
 }
@@ -292,21 +305,30 @@ func (s *Sequencer) finished(key string, p Place, cmd *redis.Cmd) (int64, error)
 	if err != nil {
 		return 0, fmt.Errorf("order: key %s: finish place %v: %w", show(key), p.N, err)
 	}
-	if len(res) != 2 {
+	if len(res) != 3 {
 		return 0, fmt.Errorf("order: key %s: finish place %v: unexpected reply %v", show(key), p.N, res)
 	}
 	next := number(res[0])
-	if ticket, _ := res[1].(string); ticket != "" && s.start != nil {
-		go s.starting(Parked{Key: key, Place: Place{Epoch: p.Epoch, N: next}, Ticket: ticket})
+	var parked []Parked
+	for i, ahead := range []bool{false, true} {
+		if mark, _ := res[1+i].(string); mark != "" {
+			ticket, started := strings.CutPrefix(mark, startedMark)
+			parked = append(parked, Parked{Key: key, Place: Place{Epoch: p.Epoch, N: next + int64(i)}, Ticket: ticket, Started: started, Ahead: ahead})
+		}
+	}
+	if len(parked) > 0 && s.start != nil {
+		go s.starting(parked)
 	}
 	return next, nil
 }
 
-// starting calls the Starter for pk, bounded by startTimeout.
-func (s *Sequencer) starting(pk Parked) {
+// starting calls the Starter for each of parked, in turn, bounded by startTimeout.
+func (s *Sequencer) starting(parked []Parked) {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	s.start(ctx, pk)
+	for _, pk := range parked {
+		s.start(ctx, pk)
+	}
 }
 
 // Requeue announces that the task of place p of key stopped and will run again

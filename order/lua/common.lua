@@ -12,24 +12,29 @@ local function int(x)
 end
 
 -- turn: where place p of epoch stands in the sequence at key (enter.lua's reply):
--- {state, next, record, now}.
+-- {state, next, record, now, ahead}.
 local function turn(key, epoch, p)
   local t = int(now())
   local got = redis.call('HMGET', key, EPOCH, NEXT)
   if got[1] ~= epoch then
-    return {'unknown', 0, '', t}
+    return {'unknown', 0, '', t, 0}
   end
   local nxt = tonumber(got[2])
   if p == nxt then
-    return {'turn', nxt, '', t}
+    return {'turn', nxt, '', t, 0}
   elseif p < nxt then
-    return {'passed', nxt, '', t}
+    return {'passed', nxt, '', t, 0}
   end
-  return {'wait', nxt, redis.call('HGET', key, nxt) or '', t}
+  local ahead = 0
+  local mark = redis.call('HGET', key, PARKP .. int(p))
+  if mark and string.sub(mark, 1, #STARTED) == STARTED then
+    ahead = 1
+  end
+  return {'wait', nxt, redis.call('HGET', key, nxt) or '', t, ahead}
 end
 
 -- unpark: drop the park mark of place n of the sequence at key, if it has one, and
--- return its ticket (false if none).
+-- return it (false if none): the ticket, after STARTED if it was started ahead.
 local function unpark(key, n)
   local ticket = redis.call('HGET', key, PARKP .. int(n))
   if ticket then

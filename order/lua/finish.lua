@@ -9,17 +9,19 @@
 -- ARGV[3] -> how: 'done' (its task finished), 'skip' (the key moves past it without
 --            its task), 'abandon' (its producer could not enqueue the task)
 --
--- Returns {next, ticket}: the key's next place after the call, or 0 when the place
+-- Returns {next, ticket, ahead}: the key's next place after the call, or 0 when the place
 -- was not the key's next (another call finished it, or an earlier place is not finished: then
 -- 'abandon' marks the place so that the key moves past it when its turn comes) or the
 -- key has no sequence of that epoch. The places after it that were abandoned are
 -- finished with it. ticket is the park mark of the new next place, dropped (see
--- park.lua), for the caller to start its task; '' when it has none. A key with no
--- place left unfinished expires after KEEP_MS.
+-- park.lua), for the caller to start its task ('' when it has none), after STARTED if
+-- it was started ahead; ahead is the ticket of the place after that, when it parked,
+-- which the caller starts ahead of its turn, to wait for it in a process: its mark
+-- stays, after STARTED. A key with no place left unfinished expires after KEEP_MS.
 local key, epoch, p, how = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local got = redis.call('HMGET', key, EPOCH, NEXT)
 if got[1] ~= epoch then
-  return {0, ''}
+  return {0, '', ''}
 end
 local nxt = tonumber(got[2])
 if p ~= nxt then
@@ -29,7 +31,7 @@ if p ~= nxt then
       redis.call('HSET', key, p, ABANDONED .. ' ' .. rec)
     end
   end
-  return {0, ''}
+  return {0, '', ''}
 end
 local last = tonumber(redis.call('HGET', key, LAST))
 local skipped = 0
@@ -71,13 +73,18 @@ if nxt > last then
 end
 -- The announcement names the new next place's holder, so that a waiter whose place
 -- is later judges it without asking again.
-local msg, ticket = epoch .. ':' .. int(nxt), ''
+local msg, ticket, ahead = epoch .. ':' .. int(nxt), '', ''
 if nxt <= last then
   ticket = unpark(key, nxt) or ''
+  local mark = redis.call('HGET', key, PARKP .. int(nxt + 1))
+  if mark and string.sub(mark, 1, #STARTED) ~= STARTED then
+    redis.call('HSET', key, PARKP .. int(nxt + 1), STARTED .. mark)
+    ahead = mark
+  end
   local rec = redis.call('HGET', key, nxt)
   if rec then
     msg = msg .. ' ' .. int(now()) .. ' ' .. rec
   end
 end
 redis.call('PUBLISH', key, msg)
-return {nxt, ticket}
+return {nxt, ticket, ahead}

@@ -8,7 +8,7 @@
 -- ARGV[3] -> the ticket
 --
 -- Returns what enter returns; the place is marked only when the state is 'wait'. A
--- place marked already keeps its mark, with the new ticket.
+-- place marked already keeps one mark, with the new ticket, no longer started ahead.
 local key, p = KEYS[1], tonumber(ARGV[2])
 local r = turn(key, ARGV[1], p)
 if r[1] == 'wait' then

@@ -11,11 +11,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// This file is the line's other half: tasks that wait for a plain lock in Redis
-// alone, in no process, and are started when their turn comes (Park, Starter). Their
-// entries share the lock's queue with waiting goroutines (layout.go), so one line
-// keeps the order of both; the scripts hand the lock to a parked task as they hand
-// it to a waiter, and return its ticket for the caller's Starter to start.
+// This file is the line's other half: tasks that wait for a lock (or a slot of a
+// lock with Limit(n)) in Redis alone, in no process, and are started when their turn
+// comes (Park, Starter). Their entries share the lock's queue with waiting goroutines
+// (layout.go), so one line keeps the order of both; the scripts hand the lock to a
+// parked task as they hand it to a waiter, and return its ticket for the caller's
+// Starter to start.
 
 // ErrParked is joined with ErrNotObtained when an acquisition with Park did not get
 // the lock and left a parked entry in its line instead: a Starter will be asked to
@@ -40,8 +41,8 @@ const (
 	ParkNever
 )
 
-// Park lets an acquisition of one plain lock (Lock, WithLock; not a set of keys, not
-// Limit(n)) that finds the key busy leave its place in the key's line to a parked
+// Park lets an acquisition of one key (Lock, WithLock; with Limit(n) too; not a set
+// of keys) that finds the key busy leave its place in the key's line to a parked
 // entry for ticket, and return an error wrapping ErrNotObtained and ErrParked, rather
 // than wait on or leave the line: at once, or when its wait in the process ends at
 // MaxWait, as mode says. A wait that ends with the context does not park; nor does a
@@ -57,6 +58,11 @@ const (
 // the hand-over. A task that arrives before its turn (its own fallback, a run by
 // hand) keeps its place. A lock handed to a ticket whose task does not come within
 // claim frees when the claim ends.
+//
+// With Limit(n) the line is the slots' own, and what is handed over is a slot: each
+// slot freed (a release, or a lease that ran out, noticed by the next attempt) goes
+// to the first in line, parked or waiting, and the ticket then claims that slot.
+// ParkLead waits in the process when nobody else waits for any of the n slots.
 //
 // ticket names the task to whoever starts it: it must be unique per task, non-empty,
 // at most 1000 bytes and without spaces; Park panics otherwise, or if claim is

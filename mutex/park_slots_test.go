@@ -273,3 +273,21 @@ func TestSlotsParkNeverClaimsAndWaitsInItsPlace(t *testing.T) {
 		require.NoError(t, h2.Unlock(ctx))
 	})
 }
+
+func TestSlotsLineOutlivesItsParkedTasks(t *testing.T) {
+	// A waiter that queues behind parked tasks must not shorten the line's life to
+	// its own (twice the holders' lease and a second): the parked tasks come back
+	// only after their claim.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		holdSlotsAndPark(t, c, key, nil, "a") // leases of 10s, a claim of 5s
+		_, err := c.Lock(ctx, key, 10*time.Second, Limit(2), MaxWait(50*time.Millisecond))
+		require.ErrorIs(t, err, ErrNotObtained)
+		d, err := b.admin.PTTL(ctx, c.redisKey(key)+slotsSuffix).Result()
+		require.NoError(t, err)
+		assert.Greater(t, d, 21*time.Second, "the line lives past the parked task's return")
+		assert.Equal(t, []string{"a"}, ticketsOf(slotsLineOf(t, b, c, key)))
+	})
+}

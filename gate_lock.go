@@ -32,7 +32,7 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	case tk.keys != nil:
 		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held, m.startWith)
 	case park != nil:
-		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.startWith)
+		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.limitOpt, m.startWith)
 	default:
 		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, wait, held, m.limitOpt, m.startWith)
 	}

@@ -90,7 +90,11 @@ func parkLine(t *testing.T, cli *asynq.Client, insp *asynq.Inspector, locks *mut
 		}
 	}
 	enqueue("park:hold", "hold")
-	waitState(t, insp, queue, "hold", asynq.TaskStateActive, 10*time.Second)
+	// Active is dequeued, not yet holding: the tasks after it must find the key held.
+	waitFor(t, 10*time.Second, "hold to hold the key", func() (bool, string) {
+		in, err := locks.Inspect(context.Background(), lockKey(t, "park", "k"))
+		return err == nil && in.Held && in.Holder.ID == "hold", fmt.Sprintf("held %v by %v (%v)", in.Held, in.Holder, err)
+	})
 	for i, n := range ns {
 		enqueue("park:task", n, asynq.MaxRetry(5))
 		waitFor(t, 10*time.Second, fmt.Sprintf("%d in the line", i+1), func() (bool, string) {
@@ -344,9 +348,12 @@ func TestParkLimit(t *testing.T) {
 	enqueue := func(typ, n string) {
 		e.enqueue(t, typ, payload(t, parkPayload{Key: "k", N: n}), asynq.TaskID(n), asynq.MaxRetry(5), asynq.Retention(time.Hour))
 	}
-	for _, n := range []string{"hold1", "hold2"} {
+	for i, n := range []string{"hold1", "hold2"} {
 		enqueue("park:hold", n)
-		waitState(t, e.insp, "default", n, asynq.TaskStateActive, 10*time.Second)
+		waitFor(t, 10*time.Second, n+" to hold a slot", func() (bool, string) {
+			in, err := e.locks.Inspect(context.Background(), key)
+			return err == nil && len(in.Slots) == i+1, fmt.Sprintf("slots %v (%v)", in.Slots, err)
+		})
 	}
 	ns := []string{"p1", "p2", "p3", "p4"}
 	for i, n := range ns {

@@ -291,3 +291,29 @@ func TestSlotsLineOutlivesItsParkedTasks(t *testing.T) {
 		assert.Equal(t, []string{"a"}, ticketsOf(slotsLineOf(t, b, c, key)))
 	})
 }
+
+func TestInspectShowsTheSlotsLineOfAFreeKey(t *testing.T) {
+	// A Limit(n) key whose holders all left (a claim that ended) may keep its line:
+	// Inspect, which cannot tell the kind of a free key, shows it when the plain
+	// queue is empty.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		rkey := c.redisKey(key)
+		require.NoError(t, b.admin.RPush(ctx, rkey+slotsSuffix, "~.a 5000 1 "+parkedIdentity("a")+parkedDescription(heldBy{name: "pay", id: "a"})).Err())
+		in, err := c.Inspect(ctx, key)
+		require.NoError(t, err)
+		assert.False(t, in.Held)
+		assert.Equal(t, 1, in.Waiting)
+		assert.Equal(t, 1, in.Parked)
+		require.Len(t, in.Waiters, 1)
+		assert.Equal(t, "pay", in.Waiters[0].Name)
+		// A plain line has the key's queue: it is the one shown.
+		require.NoError(t, b.admin.RPush(ctx, rkey+waitSuffix, "~.b 5000 1 "+parkedIdentity("b")+parkedDescription(heldBy{name: "plain", id: "b"})).Err())
+		in, err = c.Inspect(ctx, key)
+		require.NoError(t, err)
+		require.Len(t, in.Waiters, 1)
+		assert.Equal(t, "plain", in.Waiters[0].Name)
+	})
+}

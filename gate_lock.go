@@ -32,7 +32,7 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	case tk.keys != nil:
 		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held, m.startWith)
 	case park != nil:
-		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.startWith)
+		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.limitOpt, m.startWith)
 	default:
 		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, wait, held, m.limitOpt, m.startWith)
 	}
@@ -57,17 +57,17 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked)}
 }
 
-// parking is what task tk's lock is taken with under Park: mutex.Park and its
-// MaxWait, or nil when the task has no ticket: under another policy; with several
-// keys or Limit(n); outside an asynq server, which alone can start it again. The
-// first task in the line waits up to LeadWait before it parks; with MaxWait, every
-// task waits up to MaxWait first. A task that must not park (on its last try, past a
+// parking is what task tk's lock (or its slot of a Limit(n) key) is taken with
+// under Park: mutex.Park and its MaxWait, or nil when the task has no ticket: under
+// another policy; with several keys; outside an asynq server, which alone can start
+// it again. The first task in the line waits up to LeadWait before it parks; with
+// MaxWait, every task waits up to MaxWait first. A task that must not park (on its last try, past a
 // reschedule cap, or with less than DeadlineMargin left before its deadline) still
 // takes its ticket: it claims the key if its line handed it over, and waits in its
 // entry's place.
 func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 	left := m.waitLeft(ctx, tk) // sets lastTry and pastCap
-	if m.policy != Park || tk.keys != nil || m.limit > 1 || tk.meta.id == "" || tk.meta.queue == "" {
+	if m.policy != Park || tk.keys != nil || tk.meta.id == "" || tk.meta.queue == "" {
 		return nil
 	}
 	mode, wait := mutex.ParkAfterWait, left

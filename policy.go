@@ -105,10 +105,11 @@ const (
 	// way: the finish of the task ahead starts it, and the task after it ahead of its
 	// turn, to wait up to LeadWait in its worker.
 	//
-	// Park applies to a task's lock (one key, Limit(1)) and its turn under InOrder,
-	// run by an asynq server. A task that finds a Limit(n) key full, several keys
-	// (OnEach) busy, or its key at its rate limit or paused is sent back as under
-	// RetryLater(DefaultRetryDelay). A task with no retry left waits as RetryLater
+	// Park applies to a task's lock, run by an asynq server: one key, or one slot of
+	// a Limit(n) key, whose line hands each slot freed to the first in line as a
+	// lock's line hands the key; and to its turn under InOrder. A task that finds
+	// several keys (OnEach) busy, or its key at its rate limit or paused, is sent back
+	// as under RetryLater(DefaultRetryDelay). A task with no retry left waits as RetryLater
 	// says, in its place in the line if it has one. MaxReschedules and MaxRescheduleTime count parks too. See
 	// docs/conflicts.md for the line, its bounds and its failure cases.
 	Park Policy = -3
@@ -125,7 +126,7 @@ const (
 )
 
 // DefaultRetryDelay is the delay of RetryLater's examples and of what Park sends back
-// rather than park (a Limit(n) key full, a rate limit, a pause):
+// rather than park (several keys busy, a rate limit, a pause):
 // RetryLater(DefaultRetryDelay). asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
 // default) and stores retry times in whole seconds, so shorter delays are not kept.
 const DefaultRetryDelay = 5 * time.Second

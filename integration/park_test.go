@@ -90,7 +90,11 @@ func parkLine(t *testing.T, cli *asynq.Client, insp *asynq.Inspector, locks *mut
 		}
 	}
 	enqueue("park:hold", "hold")
-	waitState(t, insp, queue, "hold", asynq.TaskStateActive, 10*time.Second)
+	// Active is dequeued, not yet holding: the tasks after it must find the key held.
+	waitFor(t, 10*time.Second, "hold to hold the key", func() (bool, string) {
+		in, err := locks.Inspect(context.Background(), lockKey(t, "park", "k"))
+		return err == nil && in.Held && in.Holder.ID == "hold", fmt.Sprintf("held %v by %v (%v)", in.Held, in.Holder, err)
+	})
 	for i, n := range ns {
 		enqueue("park:task", n, asynq.MaxRetry(5))
 		waitFor(t, 10*time.Second, fmt.Sprintf("%d in the line", i+1), func() (bool, string) {
@@ -315,5 +319,79 @@ func TestParkUnderWorkerACL(t *testing.T) {
 				t.Errorf("control: the line started all of %v without asynq's rights", got)
 			}
 		})
+	}
+}
+
+// TestParkLimit: the tasks of a Limit(2) key park in its line when both its slots are
+// held; as each holder ends, the line hands its slot to the next parked task and
+// starts it, long before its fallback (the TTL). At most two run at once, each once,
+// and none spends a retry.
+func TestParkLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := newParkRecorder()
+	var (
+		evMu     sync.Mutex
+		policies = map[string]int{} // the policies of the conflicts
+	)
+	observe := func(_ context.Context, ev asynqmutex.Event) {
+		if ev.Op == asynqmutex.OpConflict {
+			evMu.Lock()
+			policies[ev.Policy]++
+			evMu.Unlock()
+		}
+	}
+	mw := asynqmutex.Middleware(e.locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.Limit(2),
+		asynqmutex.TTL(parkTTL), asynqmutex.Observe(observe))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 6}), mw(r.handler()))
+	key := lockKey(t, "park", "k")
+	enqueue := func(typ, n string) {
+		e.enqueue(t, typ, payload(t, parkPayload{Key: "k", N: n}), asynq.TaskID(n), asynq.MaxRetry(5), asynq.Retention(time.Hour))
+	}
+	for i, n := range []string{"hold1", "hold2"} {
+		enqueue("park:hold", n)
+		waitFor(t, 10*time.Second, n+" to hold a slot", func() (bool, string) {
+			in, err := e.locks.Inspect(context.Background(), key)
+			return err == nil && len(in.Slots) == i+1, fmt.Sprintf("slots %v (%v)", in.Slots, err)
+		})
+	}
+	ns := []string{"p1", "p2", "p3", "p4"}
+	for i, n := range ns {
+		enqueue("park:task", n)
+		waitFor(t, 10*time.Second, fmt.Sprintf("%d in the line", i+1), func() (bool, string) {
+			in, err := e.locks.Inspect(context.Background(), key)
+			return err == nil && in.Waiting == i+1, fmt.Sprintf("%d waiting (%d parked): %v; %d slots held; %v", in.Waiting, in.Parked, in.Waiters, len(in.Slots), err)
+		})
+	}
+	waitFor(t, 10*time.Second, "the tasks after the lead parked", func() (bool, string) {
+		w, p := lineOf(t, e.locks, key)
+		return p >= len(ns)-1, fmt.Sprintf("%d waiting, %d parked", w, p)
+	})
+	released := time.Now()
+	close(r.release)
+	waitFor(t, parkTTL/2, "the line to run", func() (bool, string) {
+		got := r.ran()
+		return len(got) == len(ns), fmt.Sprintf("ran %v", got)
+	})
+	t.Logf("the line ran %v within %v of the release", r.ran(), time.Since(released).Round(time.Millisecond))
+	for _, n := range ns {
+		if info := waitState(t, e.insp, "default", n, asynq.TaskStateCompleted, 10*time.Second); info.Retried != 0 {
+			t.Errorf("%s spent %d retries, want 0", n, info.Retried)
+		}
+	}
+	evMu.Lock()
+	if policies["park"] == 0 || len(policies) != 1 {
+		t.Errorf("conflicts by policy %v, want parks alone", policies)
+	}
+	evMu.Unlock()
+	r.tr.mu.Lock()
+	defer r.tr.mu.Unlock()
+	for n, runs := range r.tr.runs {
+		if runs != 1 {
+			t.Errorf("%s ran %d times, want once", n, runs)
+		}
+	}
+	if m := r.tr.maxPerKey["k"]; m != 2 {
+		t.Errorf("up to %d tasks of the key ran at once, want 2", m)
 	}
 }

@@ -158,9 +158,6 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	}
 	a := &acquisition{c: c, start: time.Now(), key: key, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	c.configure(a, opts)
-	if a.park != nil && a.limit > 1 {
-		return nil, fmt.Errorf("mutex: lock %s: Park applies to a plain lock, not to Limit(%d)", show(key), a.limit)
-	}
 	rkey := c.redisKey(key)
 	a.keys = []string{rkey, a.kind.queue(rkey)}
 	a.locks = a.keys[:1]
@@ -224,7 +221,8 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 	}
 }
 
-// parkMode is what a's next attempt does at a busy lock, for plain_lock.lua: it parks
+// parkMode is what a's next attempt does at a busy lock, for plain_lock.lua and
+// slots_lock.lua: it parks
 // now once its wait in the process has ended (parkNow).
 func (a *acquisition) parkMode() string {
 	switch {

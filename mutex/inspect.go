@@ -87,8 +87,7 @@ type Info struct {
 	// Parked is how many of Waiting are parked tasks (see Park), started ones
 	// included, and ParkedFor how long the oldest of them has waited in the line when
 	// the lock was read, by the Redis server's clock. Both are 0 when none is parked,
-	// for a lock with Limit(n) (whose line holds no parked tasks), and in
-	// ForceRelease's Released.Before, which does not count them.
+	// and in ForceRelease's Released.Before, which does not count them.
 	Parked    int
 	ParkedFor time.Duration
 	// Limit is n for a key held with Limit(n), n > 1, and 0 for a plain lock; Slots
@@ -354,7 +353,7 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (Released, error)
 // leases ended hold nothing, and when none is left the key becomes a plain lock's
 // tombstone (nil: ForceRelease then finds it free); otherwise it refuses.
 func (c *Client) forceSlots(ctx context.Context, key, rkey string) error {
-	res, err := c.slots.free(ctx, rkey)
+	res, _, err := c.slots.free(ctx, rkey, false) // as a plain lock's: nobody to start
 	switch {
 	case err != nil:
 		return fmt.Errorf("mutex: force release %s: %w", show(key), err)

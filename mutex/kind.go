@@ -23,7 +23,7 @@ type kind interface {
 	// its queue), handing each to its next waiter. A non-empty entry (a waiter that
 	// gives up) is first taken out of the queues, and a lock handed to it is passed
 	// on. fence is the fence of what is released, or 0 when not known. A non-empty
-	// ticket's parked entries are taken out of the queues first (plain locks only).
+	// ticket's parked entries are taken out of the queues first.
 	// hs are the parked tasks the hand-overs ask to start (park.go).
 	release(ctx context.Context, keys []string, id, entry string, fence int64, ticket string) (r released, hs []handed, err error)
 

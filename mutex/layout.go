@@ -239,8 +239,9 @@ func entryHead(client, waiter string, lease time.Duration, limit int) string {
 	return h
 }
 
-// A parked entry stands in a plain lock's queue for a task that waits in no process
-// (Park): "<mark>.<ticket> <claim> <since> <identity><description>". The mark is
+// A parked entry stands in a lock's queue (a plain lock's, or the slots' queue of a
+// lock with Limit(n)) for a task that waits in no process (Park): "<mark>.<ticket>
+// <claim> <since> <identity><description>". The mark is
 // parkedMark while the task waits and startedMark once a Starter was asked to start
 // it ahead of its turn; ticket is what Park was given (no space); claim is the lease
 // in ms a hand-over gives it, for its task to arrive and claim the lock; since is
@@ -254,7 +255,8 @@ const (
 	startedMark = '^'
 )
 
-// parkedIdentity is the identity a lock holds while it is handed to ticket.
+// parkedIdentity is the identity a lock (or a slot: its field, slotHolder + the
+// identity) holds while it is handed to ticket.
 func parkedIdentity(ticket string) string { return identity(string(parkedMark) + ticket) }
 
 // parkedDescription is the description of a parked entry, and of the lock handed to

@@ -11,11 +11,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// This file is the line's other half: tasks that wait for a plain lock in Redis
-// alone, in no process, and are started when their turn comes (Park, Starter). Their
-// entries share the lock's queue with waiting goroutines (layout.go), so one line
-// keeps the order of both; the scripts hand the lock to a parked task as they hand
-// it to a waiter, and return its ticket for the caller's Starter to start.
+// This file is the line's other half: tasks that wait for a lock (or a slot of a
+// lock with Limit(n)) in Redis alone, in no process, and are started when their turn
+// comes (Park, Starter). Their entries share the lock's queue with waiting goroutines
+// (layout.go), so one line keeps the order of both; the scripts hand the lock to a
+// parked task as they hand it to a waiter, and return its ticket for the caller's
+// Starter to start.
 
 // ErrParked is joined with ErrNotObtained when an acquisition with Park did not get
 // the lock and left a parked entry in its line instead: a Starter will be asked to
@@ -40,8 +41,8 @@ const (
 	ParkNever
 )
 
-// Park lets an acquisition of one plain lock (Lock, WithLock; not a set of keys, not
-// Limit(n)) that finds the key busy leave its place in the key's line to a parked
+// Park lets an acquisition of one key (Lock, WithLock; with Limit(n) too; not a set
+// of keys) that finds the key busy leave its place in the key's line to a parked
 // entry for ticket, and return an error wrapping ErrNotObtained and ErrParked, rather
 // than wait on or leave the line: at once, or when its wait in the process ends at
 // MaxWait, as mode says. A wait that ends with the context does not park; nor does a
@@ -57,6 +58,11 @@ const (
 // the hand-over. A task that arrives before its turn (its own fallback, a run by
 // hand) keeps its place. A lock handed to a ticket whose task does not come within
 // claim frees when the claim ends.
+//
+// With Limit(n) the line is the slots' own, and what is handed over is a slot: each
+// slot freed (a release, or a lease that ran out, noticed by the next attempt) goes
+// to the first in line, parked or waiting, and the ticket then claims that slot.
+// ParkLead waits in the process when nobody else waits for any of the n slots.
 //
 // ticket names the task to whoever starts it: it must be unique per task, non-empty,
 // at most 1000 bytes and without spaces; Park panics otherwise, or if claim is
@@ -85,8 +91,8 @@ type Parked struct {
 	lock string // the lock's Redis key
 }
 
-// InLine reports whether the ticket still stands in its key's line: the lock is
-// handed to it, or a parked entry names it. A Starter asks it before it reports a
+// InLine reports whether the ticket still stands in its key's line: the lock (or a
+// slot of a lock with Limit(n)) is handed to it, or a parked entry names it. A Starter asks it before it reports a
 // task gone that may have arrived and run meanwhile. It reports true when the line is
 // longer than Inspect lists, past the entries it read; an error is Redis's. Safe for
 // concurrent use.
@@ -98,12 +104,23 @@ func (p Parked) InLine(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("mutex: inspect %s: %w", show(p.Key), err)
 	}
-	if len(res) < 5 {
+	if len(res) < 6 {
 		return false, fmt.Errorf("mutex: inspect %s: unexpected reply %v", show(p.Key), res)
 	}
-	if v, ok := res[1].(string); ok {
+	switch v := res[1].(type) {
+	case string:
 		if lv, ok := parseValue(v); ok && lv.state != stateReleased && lv.id == parkedIdentity(p.Ticket) {
 			return true, nil
+		}
+	case []any: // a lock with Limit(n): a slot handed to the ticket, its claim running
+		now := serverTime(res[5])
+		for i := 0; i+1 < len(v); i += 2 {
+			if f, _ := v[i].(string); f == slotHolder+parkedIdentity(p.Ticket) {
+				s, _ := v[i+1].(string)
+				if sv, ok := parseSlot(s); ok && (now.IsZero() || sv.end.After(now)) {
+					return true, nil
+				}
+			}
 		}
 	}
 	entries, _ := res[4].([]any)
@@ -144,17 +161,19 @@ type parking struct {
 // startTimeout bounds one call of a Starter.
 const startTimeout = 10 * time.Second
 
-// handed is a ticket a script asked to start: the lock and queue it waits at.
+// handed is a ticket a script asked to start: the lock and queue it waits at, and
+// the lock's kind.
 type handed struct {
+	kind        kind
 	lock, queue string
 	ticket      string
 	started     bool
 }
 
-// scriptReply reads the reply of a lock script: its numbers, then the tickets to
+// scriptReply reads the reply of a script of kind k: its numbers, then the tickets to
 // start, "<i> <mark><ticket>", where i counts the locks of the call (keys come per
 // of them, the lock and its queue first).
-func scriptReply(cmd *redis.Cmd, keys []string, per int) (nums []int64, hs []handed, err error) {
+func scriptReply(cmd *redis.Cmd, k kind, keys []string, per int) (nums []int64, hs []handed, err error) {
 	vals, err := cmd.Slice()
 	if err != nil {
 		return nil, nil, err
@@ -172,7 +191,7 @@ func scriptReply(cmd *redis.Cmd, keys []string, per int) (nums []int64, hs []han
 			if !ok || err != nil || i < 1 || per*i > len(keys) || len(rest) < 2 {
 				return nil, nil, fmt.Errorf("unexpected reply %v", vals)
 			}
-			hs = append(hs, handed{lock: keys[per*(i-1)], queue: keys[per*(i-1)+1], ticket: rest[1:], started: rest[0] == startedMark})
+			hs = append(hs, handed{kind: k, lock: keys[per*(i-1)], queue: keys[per*(i-1)+1], ticket: rest[1:], started: rest[0] == startedMark})
 		default:
 			return nil, nil, fmt.Errorf("unexpected reply %v", vals)
 		}
@@ -196,7 +215,7 @@ func (c *Client) starting(s Starter, hs []handed) {
 		key, _ := keyOf(c.prefix, h.lock)
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 		if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started, c: c, lock: h.lock}) {
-			_, more, _ := c.plain.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
+			_, more, _ := h.kind.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
 			hs = append(hs, more...)
 		}
 		cancel()

@@ -72,7 +72,13 @@ func holdAndPark(t *testing.T, c *Client, key string, tickets ...string) *Lock {
 // lineOf is the entries of key's line, parked ones and waiters, oldest first.
 func lineOf(t *testing.T, b backend, c *Client, key string) []parsedEntry {
 	t.Helper()
-	es, err := b.admin.LRange(context.Background(), c.redisKey(key)+waitSuffix, 0, -1).Result()
+	return queueOf(t, b, c.redisKey(key)+waitSuffix)
+}
+
+// queueOf is the entries of the queue at Redis key q, oldest first.
+func queueOf(t *testing.T, b backend, q string) []parsedEntry {
+	t.Helper()
+	es, err := b.admin.LRange(context.Background(), q, 0, -1).Result()
 	require.NoError(t, err)
 	var out []parsedEntry
 	for _, e := range es {
@@ -254,9 +260,7 @@ func TestParkedTaskArrivingEarlyKeepsItsPlace(t *testing.T) {
 func TestParkRefusesWhatItCannotPark(t *testing.T) {
 	c := New(sharedServer(t))
 	ctx := context.Background()
-	_, err := c.Lock(ctx, "k", time.Second, Park("t", time.Second, ParkLead), Limit(2))
-	require.ErrorContains(t, err, "Park applies to a plain lock")
-	_, err = c.LockKeys(ctx, []string{"a", "b"}, time.Second, Park("t", time.Second, ParkLead))
+	_, err := c.LockKeys(ctx, []string{"a", "b"}, time.Second, Park("t", time.Second, ParkLead))
 	require.ErrorContains(t, err, "Park applies to one key")
 	for _, bad := range []string{"", "a b", strings.Repeat("x", 1001)} {
 		assert.Panics(t, func() { Park(bad, time.Second, ParkLead) }, "ticket %q", bad)

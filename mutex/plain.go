@@ -27,7 +27,8 @@ func (k plainKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 		// Lock limited (in a.locks' order) is held with Limit(n): its holders whose
 		// leases ended are dropped, and if none is left it is free for us to try again.
 		rkey := a.locks[limited]
-		res, err := k.c.slots.free(ctx, rkey)
+		res, hs, err := k.c.slots.free(ctx, rkey, a.starter != nil)
+		k.c.start(a.starter, hs)
 		switch {
 		case err != nil:
 			return outcome{}, err
@@ -69,7 +70,7 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 				res []int64
 				hs  []handed
 			)
-			res, hs, err = scriptReply(cmd, b, 2)
+			res, hs, err = scriptReply(cmd, k, b, 2)
 			o.handed = append(o.handed, hs...)
 			switch {
 			case err != nil:
@@ -135,7 +136,7 @@ func (k plainKind) release(ctx context.Context, keys []string, id, entry string,
 	)
 	k.c.run.Each(ctx, plainReleaseScript, withMarks, 3, []any{id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence, ticket},
 		func(b []string, cmd *redis.Cmd) bool {
-			nums, more, err := scriptReply(cmd, b, 3)
+			nums, more, err := scriptReply(cmd, k, b, 3)
 			hs = append(hs, more...)
 			switch {
 			case err == nil && len(nums) != 1:

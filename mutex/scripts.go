@@ -10,7 +10,8 @@ import (
 // round trip; every script goes through the Client's store.Runner. The scripts live in
 // lua/, one file per step, named by the kind of lock it is for (plain_, slots_), each
 // headed by what its KEYS and ARGV mean. Each starts with luaLayout (layout.go) and
-// common.lua, then what its kind shares (plain.lua, slots.lua): that is the source
+// common.lua, then what its kind shares (line.lua, the parked entries of either kind's line;
+// plain.lua, slots.lua): that is the source
 // EVALSHA runs, whole, on every call. Together they are one Redis function library,
 // scriptsLibrary, which runs those shared parts once, when the server loads it, and
 // then each step as a function; the Runner calls the functions where the server and
@@ -19,17 +20,17 @@ var (
 	//go:embed lua/*.lua
 	luaFiles embed.FS
 
-	plainLockScript    = script("plain_lock", "plain")
-	plainReleaseScript = script("plain_release", "plain")
+	plainLockScript    = script("plain_lock", "line", "plain")
+	plainReleaseScript = script("plain_release", "line", "plain")
 	plainExtendScript  = script("plain_extend").Flag(store.AllowOOM) // writes only PEXPIRE
 	plainPTTLScript    = script("plain_pttl").Flag(store.NoWrites)
-	plainForceScript   = script("plain_force", "plain")
+	plainForceScript   = script("plain_force", "line", "plain")
 
-	slotsLockScript    = script("slots_lock", "slots")
-	slotsReleaseScript = script("slots_release", "slots")
+	slotsLockScript    = script("slots_lock", "line", "slots")
+	slotsReleaseScript = script("slots_release", "line", "slots")
 	slotsExtendScript  = script("slots_extend")
 	slotsPTTLScript    = script("slots_pttl").Flag(store.NoWrites)
-	slotsFreeScript    = script("slots_free", "slots")
+	slotsFreeScript    = script("slots_free", "line", "slots")
 
 	inspectScript = script("inspect").Flag(store.NoWrites)
 

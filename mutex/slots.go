@@ -9,8 +9,9 @@ import (
 // slotsKind is a lock with Limit(n), n > 1: up to n holders of one key at once, each
 // with a slot of its own (token, lease, fence). It is a hash at the key a plain lock
 // would use (layout.go), its waiters queue at the key + slotsSuffix with entries that
-// carry the limit, and its scripts are lua/slots_*.lua. It shares the plain lock's
-// subscription and hand-over.
+// carry the limit (and parked tasks' entries, as a plain lock's line holds them), and
+// its scripts are lua/slots_*.lua. It shares the plain lock's subscription and
+// hand-over.
 type slotsKind struct{ c *Client }
 
 var _ kind = slotsKind{}
@@ -25,36 +26,53 @@ func (k slotsKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 			queued = "1"
 		}
 	}
+	var ticket, claim, who, mode any = "", "0", "", ""
+	if pk := a.park; pk != nil { // without w, the ticket only claims: nothing is queued
+		ticket, claim, who, mode = pk.ticket, pk.claim.Milliseconds(), parkedDescription(a.by), a.parkMode()
+	}
 	cmd, unconfirmed := k.c.call(ctx, slotsLockScript, a.keys,
-		a.id, a.ttl.Milliseconds(), head, queued, a.desc, a.limit, k.c.channels, k.c.countsSubscribers)
-	res, err := cmd.Int64Slice()
+		a.id, a.ttl.Milliseconds(), head, queued, a.desc, a.limit, k.c.channels, k.c.countsSubscribers,
+		ticket, claim, who, mode)
+	res, hs, err := scriptReply(cmd, k, a.keys, 2)
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		return outcome{}, err
+		return outcome{handed: hs}, err
 	}
+	o := outcome{handed: hs}
 	switch res[0] {
 	case -1:
-		return outcome{refused: &LimitError{Key: a.key, Held: int(res[1]), Asked: a.limit}}, nil
+		o.refused = &LimitError{Key: a.key, Held: int(res[1]), Asked: a.limit}
 	case -2:
-		return outcome{refused: &LimitError{Key: a.key, Held: 1, Asked: a.limit}}, nil
+		o.refused = &LimitError{Key: a.key, Held: 1, Asked: a.limit}
 	case -3:
-		return outcome{refused: fmt.Errorf("mutex: lock %s: the Redis key %s holds a value of another type, not written by this package",
-			show(a.key), show(a.keys[0]))}, nil
+		o.refused = fmt.Errorf("mutex: lock %s: the Redis key %s holds a value of another type, not written by this package",
+			show(a.key), show(a.keys[0]))
+	case -4:
+		o.parked, o.pttl = true, time.Duration(res[1])*time.Millisecond
 	case 0:
-		return outcome{pttl: time.Duration(res[1]) * time.Millisecond}, nil
+		o.pttl = time.Duration(res[1]) * time.Millisecond
+	default:
+		o.fences, o.unconfirmed = res[:1], unconfirmed
 	}
-	return outcome{fences: res[:1], unconfirmed: unconfirmed}, nil
+	return o, nil
 }
 
 // release frees the slot identity id holds. A release repeated after a lost reply is
 // recognised by fence, so that a slot a reused token held before is not taken for
 // this one.
-func (k slotsKind) release(ctx context.Context, keys []string, id, entry string, fence int64, _ string) (released, []handed, error) {
-	r, err := k.c.run.Run(ctx, slotsReleaseScript, []string{keys[0], keys[1], releasedKey(keys[0], id)},
-		id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence).Int64()
-	return released(r), nil, err
+func (k slotsKind) release(ctx context.Context, keys []string, id, entry string, fence int64, ticket string) (released, []handed, error) {
+	ks := []string{keys[0], keys[1], releasedKey(keys[0], id)}
+	nums, hs, err := scriptReply(k.c.run.Run(ctx, slotsReleaseScript, ks,
+		id, entry, k.c.channels, k.c.countsSubscribers, tombstoneMillis, fence, ticket), k, ks, 3)
+	if err == nil && len(nums) != 1 {
+		err = fmt.Errorf("unexpected reply %v", nums)
+	}
+	if err != nil {
+		return notOurs, hs, err
+	}
+	return released(nums[0]), hs, nil
 }
 
 func (k slotsKind) extend(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
@@ -73,15 +91,21 @@ func (k slotsKind) pttl(ctx context.Context, l *Lock) (time.Duration, bool, erro
 }
 
 // free drops the holders whose leases have ended of the lock at Redis key rkey, a
-// lock with Limit(n), and hands their slots to its waiters; when nobody is left it
+// lock with Limit(n), and hands their slots to its line; when nobody is left it
 // becomes a plain lock's tombstone. It returns {holders, limit} as the lock is left:
 // {0, 0} when it is free for a plain lock, {-1, 0} when the key holds a value of
-// another type.
-func (k slotsKind) free(ctx context.Context, rkey string) ([]int64, error) {
-	res, err := k.c.run.Run(ctx, slotsFreeScript, []string{rkey, k.queue(rkey)},
-		k.c.channels, k.c.countsSubscribers, tombstoneMillis).Int64Slice()
+// another type; and, when starts (the caller has a Starter for them), the parked
+// tasks the hand-over asks to start.
+func (k slotsKind) free(ctx context.Context, rkey string, starts bool) ([]int64, []handed, error) {
+	ks := []string{rkey, k.queue(rkey)}
+	var collect any = "0"
+	if starts {
+		collect = "1"
+	}
+	res, hs, err := scriptReply(k.c.run.Run(ctx, slotsFreeScript, ks,
+		k.c.channels, k.c.countsSubscribers, tombstoneMillis, collect), k, ks, 2)
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
-	return res, err
+	return res, hs, err
 }

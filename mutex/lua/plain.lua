@@ -1,48 +1,8 @@
 -- plain.lua: what the scripts of a plain lock (one key, or a set of keys taken as
--- one) share after common.lua.
+-- one) share after common.lua and line.lua.
 --
 -- A plain lock's value is a string (layout.go); its waiters queue at <lock>:wait,
 -- oldest first, in entries as layout.go describes them.
-
--- parkedEntry reads entry e as a parked one (layout.go): its mark (PARKED or
--- STARTED) and ticket, or nil for a waiter's entry.
-local function parkedEntry(e)
-  local m = string.sub(e, 1, 1)
-  if (m ~= PARKED and m ~= STARTED) or string.sub(e, 2, 2) ~= '.' then
-    return nil
-  end
-  local s = string.find(e, ' ', 3, true)
-  if not s then
-    return nil
-  end
-  return m, string.sub(e, 3, s - 1)
-end
-
--- parkedId is the identity a lock holds while it is handed to ticket: as
--- parkedIdentity (layout.go) writes it.
-local function parkedId(ticket)
-  return string.format('%0' .. LEN_DIGITS .. 'd', #ticket + 1) .. PARKED .. ticket
-end
-
--- afterSince is the rest of a parked entry after its lease, "<since> <who>", without
--- the since: who it is.
-local function afterSince(rest)
-  local s = string.find(rest, ' ', 1, true)
-  return s and string.sub(rest, s + 1)
-end
-
--- prestart asks for the task of the parked entry at the head of queue q, if any, to
--- be started ahead of its turn: the entry is marked STARTED and its ticket added to
--- start (see handOver), so that the task is on its way while the lock's holder
--- works, and waits for it in a worker, to be handed it as a waiter is.
-local function prestart(q, start, i)
-  local h = redis.call('LINDEX', q, 0)
-  if h and string.sub(h, 1, 1) == PARKED and string.sub(h, 2, 2) == '.' then
-    redis.call('LSET', q, 0, STARTED .. string.sub(h, 2))
-    local _, ticket = parkedEntry(h)
-    start[#start + 1] = i .. ' ' .. PARKED .. ticket
-  end
-end
 
 -- handOver gives the lock, whose value is v (nil when absent), to the oldest waiter in
 -- queue q whose client is listening, or to the oldest parked task: the entry is taken
@@ -105,18 +65,6 @@ local function handOver(lock, q, v, prev, chan, counts, self, ticket, start, i)
       end
       v = nv
     end
-  end
-end
-
--- keepQueue makes queue q live at least ms more: in one command where the server
--- has PEXPIRE's GT (Redis 7), in two before.
-local function keepQueue(q, ms)
-  if (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
-    if redis.call('PEXPIRE', q, ms, 'GT') == 0 then
-      redis.call('PEXPIRE', q, ms, 'NX') -- GT counts no expiry as infinite
-    end
-  elseif redis.call('PTTL', q) < ms then
-    redis.call('PEXPIRE', q, ms)
   end
 end
 

@@ -70,56 +70,6 @@ local function enqueue(lock, q, v, e, pttl)
   end
 end
 
--- park puts the caller (its waiter entry e, its ticket, claim and who) in queue q of
--- lock, whose value is v, as ARGV[12] says: it returns "parked" or "wait". The queue
--- then lives past the parked task's own return (its fallback, about a claim later).
-local function park(lock, q, v, e, pttl, ticket, claim, who, mode, start, i)
-  local all = redis.call('LRANGE', q, 0, -1)
-  local mine, at, waiting = nil, nil, false
-  for j, x in ipairs(all) do
-    local mark, t = parkedEntry(x)
-    if x == e then
-      mine, at = 'waiter', j
-    elseif mark and t == ticket then
-      mine, at = mark, j
-    elseif mark ~= PARKED then
-      waiting = true -- a waiter, or a task on its way
-    end
-  end
-  local function parked()
-    return PARKED .. '.' .. ticket .. ' ' .. claim .. ' ' .. string.format('%d', math.floor(serverMicros() / 1000)) .. ' ' .. who
-  end
-  local wait
-  if mode == 'park' then
-    wait = false
-  elseif mode == 'wait' or mine == STARTED or mine == 'waiter' then
-    wait = true
-  else -- lead: the first in a worker, at the head or in an empty line
-    wait = not waiting and (at == 1 or #all == 0)
-  end
-  if wait then
-    if not mine then
-      redis.call('RPUSH', q, e)
-    elseif mine ~= 'waiter' then
-      redis.call('LSET', q, at - 1, e)
-    end
-  elseif not mine then
-    redis.call('RPUSH', q, parked())
-  elseif mine ~= PARKED then
-    redis.call('LSET', q, at - 1, parked())
-  end
-  if not wait and mode == 'lead' and not waiting then
-    prestart(q, start, i) -- nobody is on the way: the head goes
-  end
-  -- Every park keeps the line past its own fallback (a claim, its jitter and asynq's
-  -- move of due retries, 5s by default), and past twice the holder's lease.
-  keepQueue(q, math.max(2 * math.max(pttl, 1000), 3 * tonumber(claim)) + 10000)
-  if string.byte(v, STATE_AT) == HELD then
-    redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL')
-  end
-  return wait and 'wait' or 'parked'
-end
-
 -- serve gives lock, free (v is nil or a tombstone, whose next holder names prev as
 -- the previous one), to the oldest listening waiter of queue q, if any: see handOver
 -- (plain.lua); self is the caller's own entry, or nil, and ticket its ticket, or nil.
@@ -142,9 +92,14 @@ end
 -- without an entry. It returns what take does: 0 (busy) or -2 (parked), and pttl.
 local function line(lock, q, v, e, pttl, ticket, start, i)
   if e and ticket then
-    if park(lock, q, v, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
-      return -2, pttl
+    local r = 0
+    if park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
+      r = -2
     end
+    if string.byte(v, STATE_AT) == HELD then
+      redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL') -- its release looks at the line
+    end
+    return r, pttl
   elseif e then
     enqueue(lock, q, v, e, pttl)
   end

@@ -46,16 +46,6 @@ end
 
 local start = {}
 
--- unpark takes the entries of ticket out of queue q.
-local function unpark(q, ticket)
-  for _, x in ipairs(redis.call('LRANGE', q, 0, -1)) do
-    local mark, t = parkedEntry(x)
-    if mark and t == ticket then
-      redis.call('LREM', q, 0, x)
-    end
-  end
-end
-
 -- restart adds to start, again, the tickets a hand-over of value v asked to start:
 -- the parked task v is handed to, and the one at the head of queue q started ahead.
 local function restart(q, v, i)
@@ -64,14 +54,7 @@ local function restart(q, v, i)
   if string.sub(who, LEN_DIGITS + 1, LEN_DIGITS + 1) == PARKED and n > 1 then
     start[#start + 1] = i .. ' ' .. STARTED .. string.sub(who, LEN_DIGITS + 2)
   end
-  local h = redis.call('LINDEX', q, 0)
-  local mark, t = nil, nil
-  if h then
-    mark, t = parkedEntry(h)
-  end
-  if mark == STARTED then
-    start[#start + 1] = i .. ' ' .. STARTED .. t
-  end
+  restartHead(q, start, i)
 end
 
 local function release(lock, q, mark, i)

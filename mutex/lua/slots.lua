@@ -1,4 +1,5 @@
--- slots.lua: what the scripts of a lock with Limit(n), n > 1, share after common.lua.
+-- slots.lua: what the scripts of a lock with Limit(n), n > 1, share after common.lua
+-- and line.lua.
 --
 -- Such a lock is a Redis HASH at the key a plain lock of the same key would use, with
 -- its waiters at <key>:slots (layout.go). A holder whose lease has ended is dropped by
@@ -66,39 +67,63 @@ local function slotsGrant(c, s, id, desc, lease)
 end
 
 -- slotsHandOver gives the free slots to the oldest waiters whose client is listening,
--- as handOver (plain.lua) gives a plain lock: the entry is taken out, the waiter gets
--- a slot with its own lease and a new fence, and its client gets "<waiter> <fence>";
--- a waiter nobody heard (when PUBLISH counts) loses the slot again and the next is
--- tried. A waiter under a limit other than the hash's is taken out and gets
+-- and to parked tasks (line.lua), in the order of the queue, as handOver (plain.lua)
+-- gives a plain lock: the entry is taken out, the waiter gets a slot with its own
+-- lease and a new fence, and its client gets "<waiter> <fence>"; a waiter nobody
+-- heard (when PUBLISH counts) loses the slot again and the next is tried. A parked
+-- task's slot is held by its parked identity for its claim, and its ticket is added
+-- to start, as "1 <mark><ticket>", for the caller's Starter to start it; it claims
+-- the slot when it arrives (slots_lock.lua). When anything was handed over, the
+-- parked task at the head of the queue, if any, is started ahead of its turn
+-- (prestart). A nil start (a caller that starts nobody) collects no ticket and starts
+-- nobody ahead. A waiter under a limit other than the hash's is taken out and gets
 -- "<waiter> WAKE_RETRY", so that it tries again at once and learns of the limit in
 -- force. Entries of identities s.held marks as holders, and entries of another form,
--- are dropped. me is the caller's own wait, {entry, id, desc, lease}, or nil: when its
--- entry comes up, the caller takes the slot itself and its fence is returned;
--- otherwise nil.
-local function slotsHandOver(c, s, me)
+-- are dropped. me is the caller's own place, {entry, ticket, id, desc, lease}, or nil:
+-- when its entry (or a parked entry of its ticket) comes up, the caller takes the
+-- slot itself and its fence is returned; otherwise nil.
+local function slotsHandOver(c, s, me, start)
+  local given = false
+  local function went()
+    if given and start then
+      prestart(c.q, start, 1)
+    end
+  end
   while s.live < s.limit do
     local e = redis.call('LPOP', c.q)
     if not e then
-      return nil
+      break
     end
-    if me and e == me.entry then
-      return slotsGrant(c, s, me.id, me.desc, me.lease)
+    local mark, t = parkedEntry(e)
+    if me and (e == me.entry or (mark and t == me.ticket)) then
+      local f = slotsGrant(c, s, me.id, me.desc, me.lease)
+      given = true
+      went()
+      return f
     end
     local client, waiter, lf, who = entry(e)
-    local ls, lim
-    if client then
+    local ls, lim = nil, nil
+    if mark then
+      ls, lim, who = lf, s.limit, who and afterSince(who)
+    elseif client then
       ls, lim = string.match(lf, '^(%d+)/(%d+)$')
     end
     local l = tonumber(ls)
-    local n = l and tonumber(string.sub(who, 1, LEN_DIGITS))
+    local n = l and who and tonumber(string.sub(who, 1, LEN_DIGITS))
     if n and l > 0 and tonumber(lim) ~= s.limit then
       redis.call('PUBLISH', c.chan .. client, waiter .. ' ' .. WAKE_RETRY)
     elseif n and l > 0 then
       local wid = string.sub(who, 1, LEN_DIGITS + n)
       if not s.held[SLOT_HOLDER .. wid] then
         local f = slotsGrant(c, s, wid, string.sub(who, LEN_DIGITS + 1 + n), l)
-        local got = redis.call('PUBLISH', c.chan .. client, waiter .. ' ' .. string.format('%d', f))
-        if got == 0 and c.counts == '1' then
+        if mark then
+          given = true
+          if start then
+            start[#start + 1] = '1 ' .. mark .. t
+          end
+        elseif redis.call('PUBLISH', c.chan .. client, waiter .. ' ' .. string.format('%d', f)) > 0 or c.counts ~= '1' then
+          given = true
+        else
           redis.call('HDEL', c.h, SLOT_HOLDER .. wid)
           s.live = s.live - 1
           s.held[SLOT_HOLDER .. wid] = nil
@@ -106,6 +131,7 @@ local function slotsHandOver(c, s, me)
       end
     end
   end
+  went()
   return nil
 end
 

@@ -363,6 +363,15 @@ func runBusyBatch(ctx context.Context, e *env, w busyWorkload, m busyMode) (busy
 	err := mt.stop(ctx, &u)
 	shutdown()
 	r.work, r.limit, r.floor, r.calls, r.cap = busyWork, m.limit, m.none, u.calls, e.busyCap
+	if e.verbose {
+		done := 0
+		for _, at := range r.done {
+			if !at.IsZero() {
+				done++
+			}
+		}
+		printCalls(os.Stderr, m.name, u.byName, done)
+	}
 	return r, errors.Join(err, ctx.Err())
 }
 
@@ -764,4 +773,19 @@ func busyCell(m metric, col string, agg map[string]float64, runs []figures) stri
 		}
 	}
 	return text
+}
+
+// printCalls prints a batch's Redis calls per completed task by command, the most
+// first: where the "Redis calls" figure goes.
+func printCalls(out io.Writer, column string, byName map[string]int64, done int) {
+	names := make([]string, 0, len(byName))
+	for n := range byName {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int { return int(byName[b] - byName[a]) })
+	fmt.Fprintf(out, "  %s: Redis calls per completed task by command:", column)
+	for _, n := range names {
+		fmt.Fprintf(out, " %s %.1f", n, float64(byName[n])/float64(max(done, 1)))
+	}
+	fmt.Fprintln(out)
 }

@@ -11,11 +11,12 @@ import (
 
 // usage is what the server and this process spent over one or more measured windows.
 type usage struct {
-	calls     int64         // every command the server ran, those run inside scripts included, but INFO
-	usec      int64         // commandstats usec of the commands the contender sends itself
-	sentCalls int64         // commandstats calls of those commands: its round trips, where it pipelines nothing
-	redisCPU  time.Duration // the server's used_cpu_user + used_cpu_sys
-	goCPU     time.Duration // this process's user + system CPU
+	calls     int64            // every command the server ran, those run inside scripts included, but INFO
+	usec      int64            // commandstats usec of the commands the contender sends itself
+	sentCalls int64            // commandstats calls of those commands: its round trips, where it pipelines nothing
+	redisCPU  time.Duration    // the server's used_cpu_user + used_cpu_sys
+	goCPU     time.Duration    // this process's user + system CPU
+	byName    map[string]int64 // calls, by command (INFO excluded)
 }
 
 func (u *usage) add(o usage) {
@@ -24,6 +25,12 @@ func (u *usage) add(o usage) {
 	u.sentCalls += o.sentCalls
 	u.redisCPU += o.redisCPU
 	u.goCPU += o.goCPU
+	for name, n := range o.byName {
+		if u.byName == nil {
+			u.byName = make(map[string]int64)
+		}
+		u.byName[name] += n
+	}
 }
 
 // meter measures one window: start reads the server's INFO commandstats and cpu and
@@ -63,10 +70,11 @@ func (m *meter) stop(ctx context.Context, u *usage) error {
 	if err != nil {
 		return err
 	}
-	d := usage{redisCPU: cpu - m.cpu0, goCPU: goCPU}
+	d := usage{redisCPU: cpu - m.cpu0, goCPU: goCPU, byName: make(map[string]int64)}
 	for name, st := range cmds {
-		if name != "info" { // the meter's own
-			d.calls += st.Calls - m.cmds0[name].Calls
+		if n := st.Calls - m.cmds0[name].Calls; name != "info" && n > 0 { // INFO: the meter's own
+			d.calls += n
+			d.byName[name] = n
 		}
 	}
 	for _, name := range m.sent {

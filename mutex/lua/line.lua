@@ -57,6 +57,15 @@ local function restartHead(q, start, i)
   end
 end
 
+-- withTickets appends the tickets of start (parked tasks a call asks its caller to
+-- start, see handOver) to reply r, and returns r.
+local function withTickets(r, start)
+  for _, t in ipairs(start) do
+    r[#r + 1] = t
+  end
+  return r
+end
+
 -- keepQueue makes queue q live at least ms more: in one command where the server
 -- has PEXPIRE's GT (Redis 7), in two before.
 local function keepQueue(q, ms)

@@ -160,10 +160,7 @@ end
 local n = #KEYS / 2
 local start = {}
 local function reply(r)
-  for _, t in ipairs(start) do
-    r[#r + 1] = t
-  end
-  return r
+  return withTickets(r, start)
 end
 if ARGV[6] == '1' and n > 1 then
   -- All or none: find a busy lock before taking any. A free lock with listening

@@ -38,10 +38,7 @@ local n = tonumber(ARGV[6])
 local c = slotsCall(KEYS[1], KEYS[2], ARGV[7], ARGV[8])
 local start = {}
 local function reply(r)
-  for _, t in ipairs(start) do
-    r[#r + 1] = t
-  end
-  return r
+  return withTickets(r, start)
 end
 local t = keyType(KEYS[1])
 local base = 0

@@ -34,10 +34,7 @@ if ARGV[7] ~= '' then
 end
 local start = {}
 local function reply(r)
-  for _, t in ipairs(start) do
-    r[#r + 1] = t
-  end
-  return r
+  return withTickets(r, start)
 end
 local c = slotsCall(KEYS[1], KEYS[2], ARGV[3], ARGV[4])
 local live = {}

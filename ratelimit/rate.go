@@ -63,6 +63,17 @@ func (l Rate) interval() int64 {
 	return (us + int64(l.N) - 1) / int64(l.N)
 }
 
+// stale is how late after its start was due a named caller (TakeAs) may come back
+// for it: one interval, but at least lateness.
+func (l Rate) stale() time.Duration {
+	return max(time.Duration(l.interval())*time.Microsecond, lateness)
+}
+
+// lateness is the least a named caller may be late for its start: about what asynq
+// takes to dispatch a task on a busy machine. A start that begins this late shares a
+// window with the key's next starts, as a handler that begins late does.
+const lateness = time.Second
+
 func (l Rate) burst() int64 { return int64(max(l.Burst, 1)) }
 
 // ErrLimited means a start was not taken: the key's limit, or a pause, allows the

@@ -75,6 +75,9 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 		// Its fallback: it is started when its turn comes, and comes back by itself
 		// after this if that start is lost.
 		le.RetryIn, le.parked = m.claim(), true
+		if !r.due.IsZero() {
+			le.RetryIn = m.parkUntil(tk, le.Key, r.due)
+		}
 		report("park")
 		return le
 	case le.limited != nil:

@@ -120,7 +120,12 @@ func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (rat
 // answer), waiting up to what is left of its wait for it, and passes the task on. A
 // wait is reported as OpRateWaited. It refuses the task when its start comes later
 // (or its key is paused), and fails it when RateBy or Redis fails, or the task's
-// context ends while it waits (its start is given back).
+// context ends while it waits (its start is given back). Under Park (see parksUntil)
+// a start due later, within hold, is reserved under the task's ticket, and the
+// refusal parks the task until it: the task, started then, finds its start
+// reserved. A task whose key is paused for longer than hold parks until the pause
+// ends, without a start; one whose start is due later for other reasons is sent
+// back.
 func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.Context) error) error {
 	lim, err := m.limitOf(ctx, tk.Task, tk.meta.id)
 	if err != nil {
@@ -130,7 +135,13 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 	if lim == (ratelimit.Rate{}) {
 		return next(ctx)
 	}
-	r, err := m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
+	var r ratelimit.Result
+	park := m.parksUntil(ctx, tk)
+	if park {
+		r, err = m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), m.waitLeft(ctx, tk), m.hold())
+	} else {
+		r, err = m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
+	}
 	switch {
 	case err != nil:
 		what := "taking its start under the rate limit of key " + shortkey.Show(tk.key)
@@ -142,7 +153,14 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 			err: err,
 		}
 	case !r.Allowed:
-		return &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
+		ref := &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
+		switch {
+		case r.Held: // its start is reserved: it parks until then
+			ref.parked, ref.due = true, time.Now().Add(r.Delay)
+		case park && r.Paused > m.hold(): // paused too long to reserve a start after it
+			ref.parked, ref.due = true, time.Now().Add(r.Paused)
+		}
+		return ref
 	case r.Delay > 0:
 		m.emit(ctx, Event{Op: OpRateWaited, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: r.Delay})
 	}

@@ -269,7 +269,7 @@ func (e *LockedError) Error() string {
 			msg += " and, with no retry left, the task is archived"
 		}
 	case e.parked:
-		msg += fmt.Sprintf("; parked in its line, started when its turn comes (back by itself in %v at the latest)", e.RetryIn)
+		msg += fmt.Sprintf("; parked, started when its turn comes (back by itself in %v at the latest)", e.RetryIn)
 	case e.archived:
 		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
 	case e.RetryIn > 0:

@@ -89,6 +89,17 @@ func (d *dueLoop) add(due time.Time, p parkedTask) {
 	}
 }
 
+// drop forgets what was due for ticket: its task came early (run by hand, or within
+// its MaxWait of its start) and runs, so there is nothing to start.
+func (d *dueLoop) drop(ticket string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.at[ticket]; ok {
+		heap.Remove(&d.tasks, e.i)
+		delete(d.at, ticket)
+	}
+}
+
 // loop starts each task when it falls due, each start on a goroutine of its own (a
 // start waits a while for a task still returning from its park), and returns when
 // no task is left.

@@ -140,3 +140,22 @@ func TestDueLoopParkedAgainReplaces(t *testing.T) {
 		t.Errorf("started %v, want a and b once each", got)
 	}
 }
+
+// TestDueLoopDrop: a task dropped (it came early and runs) is not started; the
+// others are, and the loop ends.
+func TestDueLoopDrop(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	r := newDueRecorder()
+	d := newDueLoop(r.start)
+	t0 := time.Now()
+	d.add(t0.Add(30*time.Millisecond), parkedTask{ticket: "a"})
+	d.add(t0.Add(20*time.Millisecond), parkedTask{ticket: "b"})
+	d.add(t0.Add(40*time.Millisecond), parkedTask{ticket: "c"})
+	d.drop("a")
+	d.drop("gone") // nothing due for it
+	got := r.wait(t, 2)
+	idle(t, d)
+	if want := []string{"b", "c"}; !slices.Equal(got, want) {
+		t.Errorf("started %v, want %v", got, want)
+	}
+}

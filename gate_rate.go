@@ -22,10 +22,16 @@ import (
 // A task over the limit is handled as one whose key is busy: it waits up to MaxWait
 // if its start comes within it, taking its start ahead (a timer, not polling: tasks
 // waiting for one key start in the order they asked); otherwise the OnConflict
-// policy applies, with RetryLater sending the task back for the time until a start
-// is free, rounded up to whole seconds, instead of its fixed delay. Skip, Fail,
-// AfterFailure, the reschedule caps and Configure's "no retry spent" apply as for a
-// busy key; the error is a *LockedError that also wraps ratelimit.ErrLimited.
+// policy applies. Under Park, the default, the task takes its start ahead all the
+// same, if it comes within four TTLs, and parks until it: the process it parked on
+// starts it when the start falls due, and it runs on the start it holds (see
+// ratelimit.Limiter.TakeAs), so a backlog drains at the limit with no worker waiting.
+// A task whose key is paused longer parks until the pause ends; one whose start comes
+// later still is sent back as under RetryLater. RetryLater sends the task back for
+// the time until a start is free, rounded up to whole seconds, instead of its fixed
+// delay. Skip, Fail, AfterFailure, the reschedule caps and Configure's "no retry
+// spent" apply as for a busy key; the error is a *LockedError that also wraps
+// ratelimit.ErrLimited.
 //
 // A task takes its lock first and its start second, holding the lock while it waits
 // for the start: a task that meets a busy lock spends no start, and waiting with the
@@ -163,6 +169,9 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 		return ref
 	case r.Delay > 0:
 		m.emit(ctx, Event{Op: OpRateWaited, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: r.Delay})
+	}
+	if park {
+		m.due.drop(ticket(tk.meta.queue, tk.meta.id)) // in case it came before its start fell due
 	}
 	return next(ctx)
 }

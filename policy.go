@@ -101,12 +101,18 @@ const (
 	// it each park spends a retry. A parked task that an operator deletes, archives or
 	// runs is passed over, or keeps its place when it arrives early.
 	//
-	// Park applies to a task's lock: one key, Limit(1), run by an asynq server. A
-	// task that finds a Limit(n) key full, several keys (OnEach) busy, its key at its
-	// rate limit or paused, or not yet its turn under InOrder is sent back as under
-	// RetryLater(DefaultRetryDelay). A task with no retry left waits as RetryLater
-	// says, in its place in the line if it has one. MaxReschedules and MaxRescheduleTime count parks too. See
-	// docs/conflicts.md for the line, its bounds and its failure cases.
+	// Park applies to a task's lock (one key, Limit(1)) and to its rate (Rate,
+	// RateBy), run by an asynq server. A task whose start comes later than it may
+	// wait takes the start ahead, up to four TTLs, and parks until it; a task whose
+	// key is paused, or whose handler returned PauseKey, parks until the key is free
+	// again. Either is started by the process it parked on, at that time, and comes
+	// back by itself a TTL after it if that process dies. A task that finds a
+	// Limit(n) key full, several keys (OnEach) busy, its start further ahead, or not
+	// yet its turn under InOrder is sent back as under RetryLater(DefaultRetryDelay)
+	// (its rate: for the time until a start is free). A task with no retry left waits
+	// as RetryLater says, in its place in the line if it has one. MaxReschedules and
+	// MaxRescheduleTime count parks too. See docs/conflicts.md for the line, its
+	// bounds and its failure cases.
 	Park Policy = -3
 
 	// Skip completes the task without running it: the handler returns nil, so asynq
@@ -121,7 +127,7 @@ const (
 )
 
 // DefaultRetryDelay is the delay of RetryLater's examples and of what Park sends back
-// rather than park (a Limit(n) key full, a rate limit, a pause, a turn under InOrder):
+// rather than park (a Limit(n) key full, a turn under InOrder):
 // RetryLater(DefaultRetryDelay). asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
 // default) and stores retry times in whole seconds, so shorter delays are not kept.
 const DefaultRetryDelay = 5 * time.Second

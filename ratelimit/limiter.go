@@ -58,10 +58,10 @@ type Result struct {
 	Allowed bool
 	// Delay is, when Allowed, how long from the answer the start must wait before it
 	// begins: 0 from Allow, up to Reserve's maxWait from Reserve; from Take, how long
-	// Take slept for it. When not Allowed,
-	// it is how long until a start could be taken, as far as the starts taken so far
-	// and a pause say: what Reserve's maxWait would have to be, and what a task sent
-	// back should wait.
+	// Take slept for it. When Held (TakeAs), how long until the start held is due.
+	// Otherwise it is how long until a start could be taken, as far as the starts
+	// taken so far and a pause say: what Reserve's maxWait would have to be, and what
+	// a task sent back should wait.
 	Delay time.Duration
 	// Remaining is how many more starts could begin at once now.
 	Remaining int

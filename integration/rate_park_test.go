@@ -91,10 +91,10 @@ func rateParkFleet(t *testing.T, e *env, n int, per time.Duration, st *starts, t
 // and the starts Redis handed out hold no more than the limit in any window (the
 // checker, mostInWindow, trips on TestMostInWindowTrips's history). The drain and
 // the handlers' own window counts are reported, not checked: a handler that begins
-// late shares a window with the next ones, and the first tasks' starts come due
-// while the backlog still passes the lock to take theirs (about 1.0 of the limit and
-// 12 in a window on a quiet machine; a loaded one, whose tasks come back later than
-// their starts allow, drains slower).
+// late shares a window with the next one, and a task later than an interval gives
+// its start up and takes one behind the backlog (about 0.96 of the limit and 11 in a
+// window on a quiet machine; a loaded one, whose tasks come back later, drains
+// slower).
 func TestRateParkBacklog(t *testing.T) {
 	t.Parallel()
 	const tasks, n = 30, 10

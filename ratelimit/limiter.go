@@ -141,11 +141,13 @@ func (l *Limiter) Take(ctx context.Context, key string, lim Rate, maxWait time.D
 // TakeAs with the same id, key and limit finds that start rather than taking
 // another, and treats it as Take treats a new one: it begins at once when due,
 // after a sleep when due within maxWait, and is Held again when due later. A start
-// the caller comes back for late, more than the longer of one interval and a
-// second after it was due, is given up and another taken, as is one that a pause
-// begun since holds back: so a late caller does not begin in a window the key's
-// later starts fill. A start nobody comes back for lapses unused (the limit is an
-// upper bound); one is remembered at least 10 seconds past that lateness. A call
+// the caller comes back for late, more than one interval after it was due, is
+// given up and another taken, as is one that a pause begun since holds back: so a
+// late caller does not begin in a window the key's later starts fill (a start
+// honoured late by up to an interval puts at most one more in a window, as a
+// handler that begins late does). A start nobody comes back for lapses unused (the
+// limit is an upper bound); one is remembered at least 10 seconds past that
+// lateness. A call
 // go-redis sends again after a lost reply finds the start as any later call would.
 //
 // id may be any string; the Limiter keeps a 66-bit digest of it in the start's

@@ -64,15 +64,12 @@ func (l Rate) interval() int64 {
 }
 
 // stale is how late after its start was due a named caller (TakeAs) may come back
-// for it: one interval, but at least lateness.
+// for it: one interval. Starts spaced an interval apart, each begun up to an
+// interval late, put at most one start more in a window than the limit, as a
+// handler that begins late does; a caller later than that would put more.
 func (l Rate) stale() time.Duration {
-	return max(time.Duration(l.interval())*time.Microsecond, lateness)
+	return time.Duration(l.interval()) * time.Microsecond
 }
-
-// lateness is the least a named caller may be late for its start: about what asynq
-// takes to dispatch a task on a busy machine. A start that begins this late shares a
-// window with the key's next starts, as a handler that begins late does.
-const lateness = time.Second
 
 func (l Rate) burst() int64 { return int64(max(l.Burst, 1)) }
 

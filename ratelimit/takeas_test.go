@@ -38,11 +38,12 @@ func starts(t *testing.T, l testLimiter, key string) int {
 
 // TestTakeAsHoldsAndFindsItsStart: a start beyond maxWait but within hold is taken
 // and held for its caller; the caller coming back finds it (no second start taken,
-// its Delay counting down), and once it is due begins at once on it.
+// its Delay counting down), and once it is due begins at once on it (the interval,
+// a second, is how late it may come: far more than a sleep overshoots).
 func TestTakeAsHoldsAndFindsItsStart(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := newTestLimiter(t), context.Background(), uniqueKey(t)
-	lim := Rate{N: 1, Per: 300 * time.Millisecond}
+	lim := Rate{N: 1, Per: time.Second}
 	if r, err := l.TakeAs(ctx, key, lim, "a", 0, time.Minute); err != nil || !r.Allowed || r.Held {
 		t.Fatalf("TakeAs(a) = %+v, %v; want allowed at once", r, err)
 	}
@@ -101,9 +102,9 @@ func TestTakeAsBeyondHold(t *testing.T) {
 	}
 }
 
-// TestTakeAsLateGivesUp: a caller that comes back for its start later than the
-// longer of an interval and a second after it was due takes another, at the key's
-// next free start, rather than begin on the old one beside the key's later starts.
+// TestTakeAsLateGivesUp: a caller that comes back for its start more than an
+// interval after it was due takes another, at the key's next free start, rather
+// than begin on the old one beside the key's later starts.
 func TestTakeAsLateGivesUp(t *testing.T) {
 	t.Parallel()
 	l, ctx, key := newTestLimiter(t), context.Background(), uniqueKey(t)

@@ -40,8 +40,8 @@ func (m *middleware) hold() time.Duration { return 4 * m.claim() }
 // parkUntil has task tk, parked on key until due (its reserved start, its key's
 // pause's end), started then by this process, and returns its fallback: the time
 // until due in whole seconds plus the claim, so that it comes back by itself after
-// its start was due (a start found that late is given up and another taken; see
-// ratelimit.Limiter.TakeAs) if this process dies.
+// its start was due if this process dies (and takes another unless it comes within
+// an interval of that one; see ratelimit.Limiter.TakeAs).
 func (m *middleware) parkUntil(tk *task, key string, due time.Time) time.Duration {
 	m.due.add(due, parkedTask{key: key, ticket: ticket(tk.meta.queue, tk.meta.id)})
 	return wholeSeconds(time.Until(due)) + m.claim()

@@ -76,7 +76,10 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 		// after this if that start is lost; behind a task due later, a second after
 		// that one is due.
 		le.RetryIn, le.parked = m.claim(), true
-		if le.turn != nil {
+		switch {
+		case !r.due.IsZero():
+			le.RetryIn = m.parkUntil(tk, le.Key, r.due)
+		case le.turn != nil:
 			if due := time.Until(le.turn.due); due > 0 {
 				le.RetryIn = max(le.RetryIn, wholeSeconds(due)+time.Second)
 			}

@@ -51,7 +51,8 @@ const (
 	// asynq holds pending though the place is older than OrderGrace: in a queue no
 	// server reads, say. Err is a *StallError; the task's own OpOutOfTurn follows.
 	OpOrderStalled
-	// OpParkStarted: a parked task's turn came, or was near (see Park), and the
+	// OpParkStarted: a parked task's turn came, or was near, or the start it reserved
+	// under its rate limit or its key's pause's end came (see Park), and the
 	// middleware had asynq move it from the retry set to its queue. Key is its key.
 	OpParkStarted
 	// OpParkPassedOver: a parked task's turn came, or was near, and it no longer

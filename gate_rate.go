@@ -22,10 +22,16 @@ import (
 // A task over the limit is handled as one whose key is busy: it waits up to MaxWait
 // if its start comes within it, taking its start ahead (a timer, not polling: tasks
 // waiting for one key start in the order they asked); otherwise the OnConflict
-// policy applies, with RetryLater sending the task back for the time until a start
-// is free, rounded up to whole seconds, instead of its fixed delay. Skip, Fail,
-// AfterFailure, the reschedule caps and Configure's "no retry spent" apply as for a
-// busy key; the error is a *LockedError that also wraps ratelimit.ErrLimited.
+// policy applies. Under Park, the default, the task takes its start ahead all the
+// same, if it comes within four TTLs, and parks until it: the process it parked on
+// starts it when the start falls due, and it runs on the start it holds (see
+// ratelimit.Limiter.TakeAs), so a backlog drains at the limit with no worker waiting.
+// A task whose key is paused longer parks until the pause ends; one whose start comes
+// later still is sent back as under RetryLater. RetryLater sends the task back for
+// the time until a start is free, rounded up to whole seconds, instead of its fixed
+// delay. Skip, Fail, AfterFailure, the reschedule caps and Configure's "no retry
+// spent" apply as for a busy key; the error is a *LockedError that also wraps
+// ratelimit.ErrLimited.
 //
 // A task takes its lock first and its start second, holding the lock while it waits
 // for the start: a task that meets a busy lock spends no start, and waiting with the
@@ -120,7 +126,12 @@ func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (rat
 // answer), waiting up to what is left of its wait for it, and passes the task on. A
 // wait is reported as OpRateWaited. It refuses the task when its start comes later
 // (or its key is paused), and fails it when RateBy or Redis fails, or the task's
-// context ends while it waits (its start is given back).
+// context ends while it waits (its start is given back). Under Park (see parksUntil)
+// a start due later, within hold, is reserved under the task's ticket, and the
+// refusal parks the task until it: the task, started then, finds its start
+// reserved. A task whose key is paused for longer than hold parks until the pause
+// ends, without a start; one whose start is due later for other reasons is sent
+// back.
 func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.Context) error) error {
 	lim, err := m.limitOf(ctx, tk.Task, tk.meta.id)
 	if err != nil {
@@ -130,7 +141,13 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 	if lim == (ratelimit.Rate{}) {
 		return next(ctx)
 	}
-	r, err := m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
+	var r ratelimit.Result
+	park := m.parksUntil(ctx, tk)
+	if park {
+		r, err = m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), m.waitLeft(ctx, tk), m.hold())
+	} else {
+		r, err = m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
+	}
 	switch {
 	case err != nil:
 		what := "taking its start under the rate limit of key " + shortkey.Show(tk.key)
@@ -142,9 +159,19 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 			err: err,
 		}
 	case !r.Allowed:
-		return &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
+		ref := &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
+		switch {
+		case r.Held: // its start is reserved: it parks until then
+			ref.parked, ref.due = true, time.Now().Add(r.Delay)
+		case park && r.Paused > m.hold(): // paused too long to reserve a start after it
+			ref.parked, ref.due = true, time.Now().Add(r.Paused)
+		}
+		return ref
 	case r.Delay > 0:
 		m.emit(ctx, Event{Op: OpRateWaited, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: r.Delay})
+	}
+	if park {
+		m.due.drop(ticket(tk.meta.queue, tk.meta.id)) // in case it came before its start fell due
 	}
 	return next(ctx)
 }

@@ -77,6 +77,7 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	}
 	m.starter = &starter{insp: insp, log: m.log, emit: m.emit}
 	m.startWith = mutex.StartWith(m.starter.startLocked)
+	m.due = newDueLoop(m.starter.start)
 	if m.rateBy != "" {
 		m.rates = ratelimit.New(locks.Redis(), ratelimit.Prefix(locks.Prefix()))
 	}
@@ -109,6 +110,7 @@ type middleware struct {
 	limitOpt  mutex.LockOption   // mutex.Limit(limit)
 	starter   *starter           // starts parked tasks (Park)
 	startWith mutex.LockOption   // mutex.StartWith(starter.startLocked): every lock passes it
+	due       *dueLoop           // starts tasks parked until a time (a rate start, a pause's end)
 	rates     *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 	seq       *order.Sequencer   // with InOrder: on the locks' Redis and prefix
 	stalls    stallWatch         // with InOrder: keys stalled behind a pending task
@@ -171,6 +173,7 @@ type refusal struct {
 	op     Op           // OpConflict, OpLimited or OpOutOfTurn
 	le     *LockedError // what was busy, in the error the task may return
 	parked bool         // the task parked in its key's line (Park)
+	due    time.Time    // with parked: when this process starts it (a rate start, a pause's end); zero in a lock's line
 }
 
 func (r *refusal) Error() string { return r.le.Error() }

@@ -98,12 +98,16 @@ type PauseError struct {
 // key asks to be left alone for d, an HTTP 429 with Retry-After: 30, say: under Rate
 // or RateBy the middleware pauses the task's key for d on every worker (see
 // ratelimit.Limiter.Pause), so that no task of the key starts before d has passed,
-// and tasks of other keys run on. The task itself is sent back to run again once d
-// has passed (d rounded up to whole seconds, and a second more, since asynq keeps
-// retry times in whole seconds), as a busy key's task under RetryLater: with
-// Configure it spends no retry, whatever the OnConflict policy. A task with no retry
-// left is archived by asynq with this error, as for any error. Without a rate gate
-// the key is not paused, and the task is only sent back. err may be nil.
+// and tasks of other keys run on. Under Park, the default, the task itself parks
+// until its key is free again (the pause's end, or later if starts taken before it
+// hold the key longer) and is started then by the process it ran on, coming back by
+// itself a TTL later if that process dies (see Park); under another policy it is
+// sent back to run again once d has passed (d rounded up to whole seconds, and a
+// second more, since asynq keeps retry times in whole seconds), as a busy key's task
+// under RetryLater. With Configure it spends no retry, whatever the OnConflict
+// policy. A task with no retry left is archived by asynq with this error, as for
+// any error. Without a rate gate the key is not paused, and the task is only parked
+// or sent back for d. err may be nil.
 //
 // Each pause is logged at Warn (see Logger) with the key, how long and until when,
 // and err; a task whose key another pause holds back longer logs nothing. The task's
@@ -128,10 +132,11 @@ func (e *PauseError) Unwrap() error { return e.Err }
 // paused handles the PauseError pe that task tk's handler returned: it pauses the
 // key (with a rate gate; sent even when the task's context has ended, as the
 // handler's answer stands), logs the pause at Warn unless another one held the key
-// back longer already, and returns the task's error, a *LockedError whose RetryIn
-// is the pause, rounded up to whole seconds, and one second more: asynq keeps a
-// retry's time in whole seconds, cut short, so that a task sent back for RetryIn
-// may return up to a second before it.
+// back longer already, and returns the task's error, a *LockedError. Under Park the
+// task parks until its key is free again (see parksUntil); otherwise its RetryIn is
+// the pause, rounded up to whole seconds, and one second more: asynq keeps a retry's
+// time in whole seconds, cut short, so that a task sent back for RetryIn may return
+// up to a second before it.
 func (m *middleware) paused(ctx context.Context, tk *task, pe *PauseError) error {
 	d := max(pe.For, time.Second)
 	le := &LockedError{Key: tk.key, RetryIn: wholeSeconds(d) + time.Second, taskType: tk.Type(), taskID: tk.meta.id, paused: d, cause: pe}
@@ -161,6 +166,10 @@ func (m *middleware) paused(ctx context.Context, tk *task, pe *PauseError) error
 			attrs = append(attrs, slog.String("not_paused", oneLine(le.pauseErr)))
 		}
 		m.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: a handler asked to pause its key", attrs...)
+	}
+	if m.parksUntil(ctx, tk) {
+		le.parked = true
+		le.RetryIn = m.parkUntil(tk, tk.key, time.Now().Add(held))
 	}
 	m.emit(ctx, Event{Op: OpPaused, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: d, Err: le})
 	return le

@@ -103,15 +103,21 @@ const (
 	//
 	// Under InOrder, a task whose turn has not come parks in its key's order the same
 	// way: the finish of the task ahead starts it, and the task after it ahead of its
-	// turn, to wait up to LeadWait in its worker.
+	// turn, to wait up to LeadWait in its worker. Under Rate or RateBy, a task whose
+	// start comes later than it may wait takes the start ahead, up to four TTLs, and
+	// parks until it; a task whose key is paused, or whose handler returned PauseKey,
+	// parks until the key is free again. Either is started by the process it parked
+	// on, at that time, and comes back by itself a TTL after it if that process dies.
 	//
 	// Park applies to a task's lock, run by an asynq server: one key, or one slot of
 	// a Limit(n) key, whose line hands each slot freed to the first in line as a
-	// lock's line hands the key; and to its turn under InOrder. A task that finds
-	// several keys (OnEach) busy, or its key at its rate limit or paused, is sent back
-	// as under RetryLater(DefaultRetryDelay). A task with no retry left waits as RetryLater
-	// says, in its place in the line if it has one. MaxReschedules and MaxRescheduleTime count parks too. See
-	// docs/conflicts.md for the line, its bounds and its failure cases.
+	// lock's line hands the key; to its turn under InOrder; and to its rate and
+	// pauses. A task that finds several keys (OnEach) busy, or its start further
+	// ahead, is sent back as under RetryLater(DefaultRetryDelay) (its rate: for the
+	// time until a start is free). A task with no retry left waits as RetryLater
+	// says, in its place in the line if it has one. MaxReschedules and
+	// MaxRescheduleTime count parks too. See docs/conflicts.md for the line, its
+	// bounds and its failure cases.
 	Park Policy = -3
 
 	// Skip completes the task without running it: the handler returns nil, so asynq
@@ -126,7 +132,7 @@ const (
 )
 
 // DefaultRetryDelay is the delay of RetryLater's examples and of what Park sends back
-// rather than park (several keys busy, a rate limit, a pause):
+// rather than park (several keys busy, a start further ahead than Park holds):
 // RetryLater(DefaultRetryDelay). asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
 // default) and stores retry times in whole seconds, so shorter delays are not kept.
 const DefaultRetryDelay = 5 * time.Second
@@ -274,7 +280,7 @@ func (e *LockedError) Error() string {
 			msg += " and, with no retry left, the task is archived"
 		}
 	case e.parked:
-		msg += fmt.Sprintf("; parked in its line, started when its turn comes (back by itself in %v at the latest)", e.RetryIn)
+		msg += fmt.Sprintf("; parked, started when its turn comes (back by itself in %v at the latest)", e.RetryIn)
 	case e.archived:
 		msg += fmt.Sprintf("; no retry left, so it waited %v, the longest allowed, and is archived: run it again once the key is free", e.waited.Round(time.Millisecond))
 	case e.RetryIn > 0:

@@ -403,3 +403,53 @@ func TestPauseKeyAfterContextEnded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Greater(t, st.Paused, 59*time.Second, "the key is paused")
 }
+
+// Under Park, a task refused at its rate by an asynq server parks with its start
+// reserved: its error is the parked LockedError, whose fallback is the time to that
+// start plus the claim, and OpLimited reports policy "park"; the due loop starts it
+// when the start falls due (here passed over: the Inspector's Redis has no such
+// queue). A task on its last try, or near its deadline, is not parked: it waits, or
+// is sent back, as before.
+func TestRateParks(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	var ev events
+	task := newFakeTask("t1", 3)
+	mw := Middleware(locks, On("tenant"), Observe(ev.observe), task.option(), RateBy(func(_ context.Context, t *asynq.Task) (ratelimit.Rate, error) {
+		if strings.Contains(string(t.Payload()), "slow") {
+			return ratelimit.PerMinute(1), nil
+		}
+		return ratelimit.Rate{N: 1, Per: 300 * time.Millisecond}, nil
+	}))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	setID := func(id string, maxRetry int) {
+		task.mu.Lock()
+		task.meta.id, task.meta.maxRetry = id, maxRetry
+		task.mu.Unlock()
+	}
+
+	require.NoError(t, mw.ProcessTask(ctx, tenantTask("fast")))
+	setID("t2", 3)
+	err := mw.ProcessTask(ctx, tenantTask("fast"))
+	var le *LockedError
+	require.ErrorAs(t, err, &le)
+	assert.True(t, le.parked, "parked: %v", err)
+	assert.Equal(t, time.Second+wholeSeconds(DefaultTTL), le.RetryIn, "its start in whole seconds, plus the claim")
+	assert.Contains(t, err.Error(), "is at its rate limit")
+	assert.Equal(t, "park", ev.last().Policy)
+	require.Eventually(t, func() bool { return slices.Contains(ev.ops(), OpParkPassedOver) }, 10*time.Second, 10*time.Millisecond,
+		"the parked task was not started when its start fell due")
+
+	require.NoError(t, mw.ProcessTask(ctx, tenantTask("slow")))
+	setID("t3", 0) // its last try: its start, a minute away, is beyond LastTryWait
+	err = mw.ProcessTask(ctx, tenantTask("slow"))
+	require.ErrorIs(t, err, asynq.SkipRetry, "archived on its last try, not parked")
+	assert.Equal(t, "archive", ev.last().Policy)
+
+	setID("t4", 3)
+	near, cancel := context.WithTimeout(ctx, DeadlineMargin/2)
+	defer cancel()
+	err = mw.ProcessTask(near, tenantTask("slow"))
+	require.ErrorAs(t, err, &le)
+	assert.False(t, le.parked, "near its deadline a task is sent back: %v", err)
+	assert.Equal(t, "retry", ev.last().Policy)
+}

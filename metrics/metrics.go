@@ -152,7 +152,7 @@ func New(opts ...Option) *Collector {
 		outOfOrder: counterVec("task_out_of_order_total",
 			"Number of tasks run under their lock alone, outside their key's order (InOrder): no place, or a place their key had moved past; broken down by task type.", "task_type"),
 		parkStarted: counterVec("task_park_started_total",
-			"Number of parked tasks started because their turn in their key's line came, or was near (Park); broken down by task type.", "task_type"),
+			"Number of parked tasks started because their turn in their key's line came, or was near, or their rate start or their key's pause's end came (Park); broken down by task type.", "task_type"),
 		parkPassedOver: counterVec("task_park_passed_over_total",
 			"Number of parked tasks whose turn came when they no longer waited (deleted, archived, done), so that their key passed on (Park); broken down by task type, empty when asynq no longer knew the task.", "task_type"),
 		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{

@@ -20,7 +20,8 @@
 //
 // Most callers want Allow, which answers at once, or Take, which waits up to a
 // given time for the next start (Wait: until the context's deadline); Reserve takes a
-// start ahead for callers that sleep themselves, and Cancel gives one back. Pause
+// start ahead for callers that sleep themselves, and Cancel gives one back; TakeAs
+// holds a start for a named caller that leaves and comes back for it. Pause
 // holds every start of a key for a while (an API answered 429 with Retry-After), the
 // starts already waiting included; Resume ends it. Inspect and List show a key's
 // state for people. docs/ratelimit.md has the algorithm and its costs.

@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"strconv"
 	"strings"
@@ -17,8 +19,8 @@ import (
 // A limited key is one sorted set, prefix + "rate:{" + rediskey.Encode(key) + "}",
 // whose members are:
 //   - a start taken: its member is "<identity> <interval µs> <burst>", the call's
-//     random identity (its first idChars characters) and the limit it was taken
-//     under; its score is minus the key's theoretical arrival time (GCRA's TAT)
+//     random identity (its first idChars characters), or for a named caller
+//     (TakeAs) its name's digest (namedMember), and the limit it was taken under; its score is minus the key's theoretical arrival time (GCRA's TAT)
 //     after it, in microseconds of server time. TATs rise with every start, so the
 //     lowest score is minus the key's TAT, and a call sent again finds its own
 //     member. A start is kept keepMicros after its TAT has passed.
@@ -77,6 +79,14 @@ func member(id string, lim Rate) string {
 		id = id[:idChars]
 	}
 	return id + " " + strconv.FormatInt(lim.interval(), 10) + " " + strconv.FormatInt(lim.burst(), 10)
+}
+
+// namedMember is the member of a start taken for the caller named id (TakeAs):
+// id's SHA-256 digest, base64url, cut to idChars as a random identity is, so that
+// ids that share a beginning (tickets of one queue) still differ.
+func namedMember(id string, lim Rate) string {
+	sum := sha256.Sum256([]byte(id))
+	return member(base64.RawURLEncoding.EncodeToString(sum[:]), lim)
 }
 
 // memberLimit reads the spacing and burst of a start's member.

@@ -58,16 +58,19 @@ type Result struct {
 	Allowed bool
 	// Delay is, when Allowed, how long from the answer the start must wait before it
 	// begins: 0 from Allow, up to Reserve's maxWait from Reserve; from Take, how long
-	// Take slept for it. When not Allowed,
-	// it is how long until a start could be taken, as far as the starts taken so far
-	// and a pause say: what Reserve's maxWait would have to be, and what a task sent
-	// back should wait.
+	// Take slept for it. When Held (TakeAs), how long until the start held is due.
+	// Otherwise it is how long until a start could be taken, as far as the starts
+	// taken so far and a pause say: what Reserve's maxWait would have to be, and what
+	// a task sent back should wait.
 	Delay time.Duration
 	// Remaining is how many more starts could begin at once now.
 	Remaining int
 	// Paused is how long the key's pause (see Pause) still holds it back; 0
 	// without one, or when starts taken since hold it back longer.
 	Paused time.Duration
+	// Held is true, from TakeAs, when the start was taken and kept for the caller
+	// to come back for (Allowed is then false, and Delay says when it is due).
+	Held bool
 
 	member string // the start taken, for Cancel
 }
@@ -97,9 +100,15 @@ func (l *Limiter) Reserve(ctx context.Context, key string, lim Rate, maxWait tim
 	if maxWait < 0 {
 		return Result{}, fmt.Errorf("ratelimit: key %s: negative wait %v", show(key), maxWait)
 	}
-	m := member(newID(), lim)
+	return l.reserve(ctx, key, lim, member(newID(), lim), maxWait, 0)
+}
+
+// reserve runs the take script for the start m of key under lim, taken if it may
+// begin within window; stale is 0 for a random member, and for a named one (see
+// TakeAs) how late after its start was due the member's start is kept.
+func (l *Limiter) reserve(ctx context.Context, key string, lim Rate, m string, window, stale time.Duration) (Result, error) {
 	res, err := l.run.Run(ctx, takeScript, []string{redisKey(l.prefix, key)},
-		m, lim.interval(), lim.burst(), int64(maxWait/time.Microsecond)).Int64Slice()
+		m, lim.interval(), lim.burst(), int64(window/time.Microsecond), int64(stale/time.Microsecond)).Int64Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("ratelimit: key %s: %w", show(key), err)
 	}
@@ -122,13 +131,59 @@ func (l *Limiter) Reserve(ctx context.Context, key string, lim Rate, maxWait tim
 // already waiting too). When ctx ends while Take sleeps, the start is given back
 // (see Cancel) and ctx's error returned. Safe for concurrent use.
 func (l *Limiter) Take(ctx context.Context, key string, lim Rate, maxWait time.Duration) (Result, error) {
+	return l.take(ctx, key, lim, maxWait, 0, "")
+}
+
+// TakeAs is Take for a caller that can come back for its start, named by id (a task
+// that leaves its worker while it waits, say): a start that comes later than maxWait
+// but within hold is taken all the same, kept for id, and TakeAs returns at once a
+// Result that is Held, not Allowed, whose Delay says when the start is due. A later
+// TakeAs with the same id, key and limit finds that start rather than taking
+// another, and treats it as Take treats a new one: it begins at once when due,
+// after a sleep when due within maxWait, and is Held again when due later. A start
+// the caller comes back for late, more than one interval after it was due, is
+// given up and another taken, as is one that a pause begun since holds back: so a
+// late caller does not begin in a window the key's later starts fill (a start
+// honoured late by up to an interval puts at most one more in a window, as a
+// handler that begins late does). A start nobody comes back for lapses unused (the
+// limit is an upper bound); one is remembered at least 10 seconds past that
+// lateness. A call
+// go-redis sends again after a lost reply finds the start as any later call would.
+//
+// id may be any string; the Limiter keeps a 66-bit digest of it in the start's
+// member, so ids need be unique only among the key's starts of the last minutes.
+// TakeAs returns an error as Take does, and on one hold is 0 and nothing is held.
+// It is safe for concurrent use.
+func (l *Limiter) TakeAs(ctx context.Context, key string, lim Rate, id string, maxWait, hold time.Duration) (Result, error) {
+	if hold < 0 {
+		return Result{}, fmt.Errorf("ratelimit: key %s: negative hold %v", show(key), hold)
+	}
+	return l.take(ctx, key, lim, maxWait, hold, id)
+}
+
+// take is Take, and with an id TakeAs.
+func (l *Limiter) take(ctx context.Context, key string, lim Rate, maxWait, hold time.Duration, id string) (Result, error) {
+	if err := lim.Validate(); err != nil {
+		return Result{}, err
+	}
+	if maxWait < 0 {
+		return Result{}, fmt.Errorf("ratelimit: key %s: negative wait %v", show(key), maxWait)
+	}
 	start := time.Now()
 	var slept time.Duration
 	for range maxConfirms {
-		r, err := l.Reserve(ctx, key, lim, max(maxWait-time.Since(start), 0))
+		left := max(maxWait-time.Since(start), 0)
+		m, window, stale := member(newID(), lim), left, time.Duration(0)
+		if id != "" {
+			m, window, stale = namedMember(id, lim), max(left, hold), lim.stale()
+		}
+		r, err := l.reserve(ctx, key, lim, m, window, stale)
 		switch {
 		case err != nil || !r.Allowed:
 			return r, err
+		case id != "" && r.Delay > left:
+			r.Allowed, r.Held = false, true
+			return r, nil
 		case r.Delay == 0:
 			r.Delay = slept
 			return r, nil

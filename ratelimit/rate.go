@@ -63,6 +63,14 @@ func (l Rate) interval() int64 {
 	return (us + int64(l.N) - 1) / int64(l.N)
 }
 
+// stale is how late after its start was due a named caller (TakeAs) may come back
+// for it: one interval. Starts spaced an interval apart, each begun up to an
+// interval late, put at most one start more in a window than the limit, as a
+// handler that begins late does; a caller later than that would put more.
+func (l Rate) stale() time.Duration {
+	return time.Duration(l.interval()) * time.Microsecond
+}
+
 func (l Rate) burst() int64 { return int64(max(l.Burst, 1)) }
 
 // ErrLimited means a start was not taken: the key's limit, or a pause, allows the

@@ -45,6 +45,24 @@ local function again(score, t, tat, interval, tau, paused)
   return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
 end
 
+-- given_up reports whether a named call (take.lua's stale above 0) gives up the
+-- start it finds, scored score, to take another: the start was due more than stale
+-- ago (its caller came back late: beginning now would add a start to a window the
+-- key's later starts fill), or a pause that began after it was taken holds it back
+-- (it begins before the pause's end, read as confirm.lua reads it). A pause there
+-- when the start was taken ends at its due time or before, so does not count.
+local function given_up(key, score, t, interval, burst, stale)
+  if stale == 0 then
+    return false
+  end
+  local at = -score - burst * interval
+  if t - at > stale then
+    return true
+  end
+  local p = redis.call('ZSCORE', key, PAUSE)
+  return p ~= false and at < -p - (burst - 1) * interval
+end
+
 -- mark replaces what a cancel or a resume removed with a mark of the call, scored
 -- with the time now (positive, so never the TAT a decision reads), and forgets the
 -- marks older than KEEP. The key must live KEEP more, for a call sent again to find

@@ -5,9 +5,14 @@
 -- ARGV[2] -> interval: microseconds between starts
 -- ARGV[3] -> burst: starts that may begin at once
 -- ARGV[4] -> window: the longest delay, in microseconds, the caller accepts
+-- ARGV[5] -> stale: for a call whose identity names its caller (TakeAs), the
+--            microseconds after its start was due past which a start it finds again
+--            is given up and another taken; 0 for a call with a random identity,
+--            whose start found again is always its first run's
 --
 -- Returns {taken, delay, remaining, paused}: taken is 1 when the start was taken
--- (by this call, or by its first run when go-redis sent it again); delay is the
+-- (by this call, by its first run when go-redis sent it again, or by an earlier
+-- call of a named caller); delay is the
 -- microseconds until the start may begin when taken, and otherwise until one could;
 -- remaining is how many more could begin at once now; paused is the microseconds
 -- left of a pause that holds the key back, 0 without one.
@@ -15,9 +20,12 @@
 -- The lowest score is minus the key's TAT, a pause's included (see layout.go), so
 -- the decision reads the set's first entry, and a start taken goes first. Whether
 -- this call ran before is asked only when the answer depends on it: when ZADD NX
--- finds the member there, or before saying no.
+-- finds the member there, or before saying no. A named call that finds a start
+-- given up (see given_up) decides afresh: a refusal leaves the old start to lapse,
+-- a start taken moves the member (ZADD XX) to its new TAT, which is above every TAT
+-- kept: neither lowers the key's TAT.
 local key, m = KEYS[1], ARGV[1]
-local interval, burst, window = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
+local interval, burst, window, stale = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
 local t = now()
 local tau = burst * interval
 
@@ -33,13 +41,17 @@ local new = tat + interval
 local delay = new - tau - t
 if delay > window then
   local score = redis.call('ZSCORE', key, m)
-  if score then
+  if score and not given_up(key, score, t, interval, burst, stale) then
     return again(score, t, tat, interval, tau, paused)
   end
   return {0, delay, 0, paused}
 end
 if redis.call('ZADD', key, 'NX', int(-new), m) == 0 then
-  return again(redis.call('ZSCORE', key, m), t, tat, interval, tau, paused)
+  local score = redis.call('ZSCORE', key, m)
+  if not given_up(key, score, t, interval, burst, stale) then
+    return again(score, t, tat, interval, tau, paused)
+  end
+  redis.call('ZADD', key, 'XX', int(-new), m)
 end
 if epoch(new) ~= epoch(last) then
   forget(key, t, new, last)

@@ -1,0 +1,173 @@
+package asynqmutex
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+)
+
+// This file starts the tasks parked for a time rather than for a lock (see Park): a
+// task whose rate start is reserved for later, or whose key is paused, is started by
+// the process it parked on when that time comes. One loop per middleware keeps
+// them in a heap by due time; it runs only while the heap holds a task, so an idle
+// middleware has no goroutine and sends Redis nothing. If the process dies its
+// parked tasks come back by their fallback (RetryIn).
+
+// parksUntil reports whether task tk, refused by its key's rate limit or pause or
+// sent back by its handler's PauseKey, parks until a time rather than be sent back:
+// under Park, when run by an asynq server (which alone can start it again), unless
+// it must not (on its last try, past a reschedule cap, or with less than
+// DeadlineMargin left before its deadline), as parking says for a lock.
+func (m *middleware) parksUntil(ctx context.Context, tk *task) bool {
+	m.waitLeft(ctx, tk) // sets lastTry and pastCap
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= DeadlineMargin {
+		return false
+	}
+	return m.mayPark(tk)
+}
+
+// hold is how far ahead a task parks until a time: a start it reserves is due, or
+// its key's pause ends, within it; beyond it the task is sent back as under
+// RetryLater. Four claims (2 minutes at DefaultTTL) keep the starts a key's tasks
+// hold ahead, and so those that lapse when their tasks are deleted, to a few of its
+// fallbacks' worth.
+func (m *middleware) hold() time.Duration { return 4 * m.claim() }
+
+// parkUntil has task tk, parked on key until due (its reserved start, its key's
+// pause's end), started then by this process, and returns its fallback: the time
+// until due in whole seconds plus the claim, so that it comes back by itself after
+// its start was due if this process dies (and takes another unless it comes within
+// an interval of that one; see ratelimit.Limiter.TakeAs).
+func (m *middleware) parkUntil(tk *task, key string, due time.Time) time.Duration {
+	m.due.add(due, parkedTask{key: key, ticket: ticket(tk.meta.queue, tk.meta.id)})
+	return wholeSeconds(time.Until(due)) + m.claim()
+}
+
+// dueLoop starts the parked tasks of one middleware when they fall due. Its zero
+// value is not usable; see newDueLoop. Safe for concurrent use.
+type dueLoop struct {
+	start func(context.Context, parkedTask) (gone string) // starter.start
+
+	mu      sync.Mutex
+	tasks   dueHeap
+	at      map[string]*dueTask // by ticket: a task parked again replaces its entry
+	running bool                // a goroutine runs loop
+	wake    chan struct{}       // an entry came first: loop looks again
+}
+
+func newDueLoop(start func(context.Context, parkedTask) string) *dueLoop {
+	return &dueLoop{start: start, at: map[string]*dueTask{}, wake: make(chan struct{}, 1)}
+}
+
+// add has p started at due, replacing what was due for p's ticket, and starts the
+// loop if it was not running.
+func (d *dueLoop) add(due time.Time, p parkedTask) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.at[p.ticket]; ok {
+		e.due, e.p = due, p
+		heap.Fix(&d.tasks, e.i)
+	} else {
+		e := &dueTask{due: due, p: p}
+		heap.Push(&d.tasks, e)
+		d.at[p.ticket] = e
+	}
+	if !d.running {
+		d.running = true
+		go d.loop()
+		return
+	}
+	if d.tasks[0].p.ticket == p.ticket {
+		select {
+		case d.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// drop forgets what was due for ticket: its task came early (run by hand, or within
+// its MaxWait of its start) and runs, so there is nothing to start.
+func (d *dueLoop) drop(ticket string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.at[ticket]; ok {
+		heap.Remove(&d.tasks, e.i)
+		delete(d.at, ticket)
+	}
+}
+
+// loop starts each task when it falls due, each start on a goroutine of its own (a
+// start waits a while for a task still returning from its park), and returns when
+// no task is left.
+func (d *dueLoop) loop() {
+	var timer *time.Timer
+	for {
+		d.mu.Lock()
+		if len(d.tasks) == 0 {
+			d.running = false
+			d.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return
+		}
+		next := d.tasks[0]
+		wait := time.Until(next.due)
+		if wait <= 0 {
+			heap.Pop(&d.tasks)
+			delete(d.at, next.p.ticket)
+			d.mu.Unlock()
+			go d.start(context.Background(), next.p)
+			continue
+		}
+		d.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-d.wake:
+		}
+	}
+}
+
+// size is how many tasks wait to be started.
+func (d *dueLoop) size() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.tasks)
+}
+
+// dueTask is a parked task and when it is to be started; i is its index in the heap.
+type dueTask struct {
+	due time.Time
+	p   parkedTask
+	i   int
+}
+
+// dueHeap orders dueTasks by due time, earliest first (container/heap).
+type dueHeap []*dueTask
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h dueHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].i, h[j].i = i, j
+}
+
+func (h *dueHeap) Push(x any) {
+	e := x.(*dueTask)
+	e.i = len(*h)
+	*h = append(*h, e)
+}
+
+func (h *dueHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}

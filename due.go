@@ -34,14 +34,24 @@ func (m *middleware) parksUntil(ctx context.Context, tk *task) bool {
 // fallbacks' worth.
 func (m *middleware) hold() time.Duration { return 4 * m.claim() }
 
+// startEarly is how long before its time a task parked until a time is started: an
+// asynq server dispatches a task made pending within about a TaskCheckInterval
+// (20 ms with Configure's ParkedTaskCheck), so that it arrives by its time; a task
+// whose reserved start comes within startEarly waits for it in its worker.
+const startEarly = 50 * time.Millisecond
+
 // parkUntil has task tk, parked on key until due (its reserved start, its key's
-// pause's end), started then by this process, and returns its fallback: the time
+// pause's end), started by this process then (startEarly before it when a rate gate
+// will hold it back for the rest), and returns its fallback: the time
 // until due in whole seconds plus the claim, so that it comes back by itself after
 // its start was due if this process dies (and takes another unless it comes within
 // an interval of that one; see ratelimit.Limiter.TakeAs).
 func (m *middleware) parkUntil(tk *task, key string, due time.Time) time.Duration {
+	if m.rates != nil {
+		due = due.Add(-startEarly)
+	}
 	m.due.add(due, parkedTask{key: key, ticket: ticket(tk.meta.queue, tk.meta.id)})
-	return wholeSeconds(time.Until(due)) + m.claim()
+	return wholeSeconds(time.Until(due)+startEarly) + m.claim()
 }
 
 // dueLoop starts the parked tasks of one middleware when they fall due. Its zero

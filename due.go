@@ -61,34 +61,40 @@ type dueLoop struct {
 
 	mu      sync.Mutex
 	tasks   dueHeap
-	at      map[string]*dueTask // by ticket: a task parked again replaces its entry
+	byID    map[string]*dueTask // by ticket (or other id): a task parked again replaces its entry
 	running bool                // a goroutine runs loop
 	wake    chan struct{}       // an entry came first: loop looks again
 }
 
 func newDueLoop(start func(context.Context, parkedTask) string) *dueLoop {
-	return &dueLoop{start: start, at: map[string]*dueTask{}, wake: make(chan struct{}, 1)}
+	return &dueLoop{start: start, byID: map[string]*dueTask{}, wake: make(chan struct{}, 1)}
 }
 
 // add has p started at due, replacing what was due for p's ticket, and starts the
 // loop if it was not running.
 func (d *dueLoop) add(due time.Time, p parkedTask) {
+	d.at(due, p.ticket, func(ctx context.Context) { d.start(ctx, p) })
+}
+
+// at has run called at due, replacing what was due under id (a ticket, or another
+// name no ticket can take), and starts the loop if it was not running.
+func (d *dueLoop) at(due time.Time, id string, run func(context.Context)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if e, ok := d.at[p.ticket]; ok {
-		e.due, e.p = due, p
+	if e, ok := d.byID[id]; ok {
+		e.due, e.run = due, run
 		heap.Fix(&d.tasks, e.i)
 	} else {
-		e := &dueTask{due: due, p: p}
+		e := &dueTask{due: due, id: id, run: run}
 		heap.Push(&d.tasks, e)
-		d.at[p.ticket] = e
+		d.byID[id] = e
 	}
 	if !d.running {
 		d.running = true
 		go d.loop()
 		return
 	}
-	if d.tasks[0].p.ticket == p.ticket {
+	if d.tasks[0].id == id {
 		select {
 		case d.wake <- struct{}{}:
 		default:
@@ -101,9 +107,9 @@ func (d *dueLoop) add(due time.Time, p parkedTask) {
 func (d *dueLoop) drop(ticket string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if e, ok := d.at[ticket]; ok {
+	if e, ok := d.byID[ticket]; ok {
 		heap.Remove(&d.tasks, e.i)
-		delete(d.at, ticket)
+		delete(d.byID, ticket)
 	}
 }
 
@@ -126,9 +132,9 @@ func (d *dueLoop) loop() {
 		wait := time.Until(next.due)
 		if wait <= 0 {
 			heap.Pop(&d.tasks)
-			delete(d.at, next.p.ticket)
+			delete(d.byID, next.id)
 			d.mu.Unlock()
-			go d.start(context.Background(), next.p)
+			go next.run(context.Background())
 			continue
 		}
 		d.mu.Unlock()
@@ -151,10 +157,12 @@ func (d *dueLoop) size() int {
 	return len(d.tasks)
 }
 
-// dueTask is a parked task and when it is to be started; i is its index in the heap.
+// dueTask is what is to be done at due (start a parked task, say), under id; i is
+// its index in the heap.
 type dueTask struct {
 	due time.Time
-	p   parkedTask
+	id  string
+	run func(context.Context)
 	i   int
 }
 

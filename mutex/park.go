@@ -20,7 +20,8 @@ import (
 
 // ErrParked is joined with ErrNotObtained when an acquisition with Park did not get
 // the lock and left a parked entry in its line instead: a Starter will be asked to
-// start its ticket when its turn comes.
+// start its ticket when its turn comes. LeaseLeft reads from the error how long the
+// holder it parked behind had left.
 var ErrParked = errors.New("mutex: parked in the key's line")
 
 // ParkMode says when an acquisition with Park parks rather than waits in its process.

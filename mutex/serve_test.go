@@ -137,6 +137,37 @@ func TestServeHandsExpiredSlotsToTheLine(t *testing.T) {
 	})
 }
 
+func TestServeGoneTicketPassesTheSlotOn(t *testing.T) {
+	// A ticket Serve hands a slot to, whose task will not come, lets the slot go to
+	// the next in the slots' line, as after a release.
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		key := uniqueKey(t)
+		s := newStarts()
+		s.gone["gone"] = true
+		for _, tk := range []string{"h1", "h2"} {
+			_, err := c.Lock(ctx, key, 10*time.Second, Limit(2), Token(tk)) // crashed
+			require.NoError(t, err)
+		}
+		parkBehind(t, c, key, []LockOption{Limit(2)}, "gone", "next", "third")
+		endSlot(t, b, c, key, "h1")
+		endSlot(t, b, c, key, "h2")
+		_, _, err := c.Serve(ctx, key, Limit(2), StartWith(s.start))
+		require.NoError(t, err)
+		for _, want := range []Parked{
+			{Key: key, Ticket: "gone"}, {Key: key, Ticket: "next"}, {Key: key, Ticket: "third"},
+			{Key: key, Ticket: "third", Started: true}, // handed the slot gone left
+		} {
+			assert.Equal(t, want, s.next(t, 5*time.Second))
+		}
+		assert.Empty(t, slotsLineOf(t, b, c, key))
+		l, err := c.TryLock(ctx, key, 10*time.Second, Limit(2), Park("third", 5*time.Second, ParkNever))
+		require.NoError(t, err, "third claims the slot gone left")
+		require.NoError(t, l.Unlock(ctx))
+	})
+}
+
 func TestServeWakesAWaiter(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		ctx := context.Background()

@@ -429,7 +429,7 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 	case o.parked:
 		w.queued = false // its entry is a parked one now: leaving takes nothing out
 		c.contended(ctx, a)
-		return nil, 0, join(ErrNotObtained, ErrParked)
+		return nil, 0, &parkedError{left: o.pttl}
 	case o.fences == nil:
 		c.contended(ctx, a)
 		return nil, o.pttl, nil

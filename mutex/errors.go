@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/asynqmutex/asynqmutex/internal/shortkey"
 )
@@ -74,6 +75,26 @@ func (e *busyError) Error() string {
 }
 
 func (e *busyError) Unwrap() error { return e.err }
+
+// LeaseLeft returns, for err from an acquisition that parked (an error wrapping
+// ErrParked, see Park), how long the lease of the key's holder had left when it
+// parked: with Limit(n), of the holder whose lease ends first. It is negative when
+// the key has no expiry (set by hand). Whoever knows that no attempt will come
+// meanwhile calls Serve when it has passed. It reports false for any other error.
+func LeaseLeft(err error) (time.Duration, bool) {
+	var pe *parkedError
+	if errors.As(err, &pe) {
+		return pe.left, true
+	}
+	return 0, false
+}
+
+// parkedError is ErrNotObtained joined with ErrParked, from an acquisition that
+// parked, with the lease left of the holder it parked behind.
+type parkedError struct{ left time.Duration }
+
+func (e *parkedError) Error() string   { return ErrNotObtained.Error() + "; " + ErrParked.Error() }
+func (e *parkedError) Unwrap() []error { return []error{ErrNotObtained, ErrParked} }
 
 // show is a key as errors show it: as it is up to 100 bytes, shortened with a digest
 // past that, and quoted only when it holds characters that are not printable, so that

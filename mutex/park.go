@@ -20,7 +20,8 @@ import (
 
 // ErrParked is joined with ErrNotObtained when an acquisition with Park did not get
 // the lock and left a parked entry in its line instead: a Starter will be asked to
-// start its ticket when its turn comes.
+// start its ticket when its turn comes. LeaseLeft reads from the error how long the
+// holder it parked behind had left.
 var ErrParked = errors.New("mutex: parked in the key's line")
 
 // ParkMode says when an acquisition with Park parks rather than waits in its process.
@@ -149,6 +150,61 @@ type Starter func(ctx context.Context, p Parked) (gone bool)
 // it, and the lock handed to it frees when its claim ends.
 func StartWith(s Starter) LockOption {
 	return lockOptionFunc(func(c *lockConfig) { c.starter = s })
+}
+
+// Serve does for key's line what the next attempt to take the key would do, and
+// takes nothing itself: when nobody holds the key (its holder released it, or crashed
+// and its lease ran out) and its line is not empty, the key goes to the first in
+// line, as a release hands it over: a waiter is told in its process, a parked task
+// is handed the key for its claim and its ticket given to the Starter of opts (see
+// StartWith), and the parked task at the head after it is started ahead of its turn.
+// With Limit(n), every free slot goes so, and holders whose lease ended free theirs.
+// A key that is held changes nothing. Serve is for whoever knows when a holder's
+// lease ends: when every task of a key is parked, nobody else comes then, and a
+// crashed holder's key would wait for the parked tasks' own fallback.
+//
+// left is the lease left, after the call, of the key's holder (the one it was just
+// handed to, if any); for Limit(n), of the holder whose lease ends first when all n
+// slots are held, and 0 when one is free; 0 when the key is free, and negative when
+// the key has no expiry (set by hand). waiting reports whether the line still holds
+// anyone, parked or waiting: then Serve has something to do again once left has
+// passed, unless someone releases the key first.
+//
+// Of opts, Limit(n) says which line a key nobody holds has, so it must be the key's
+// acquisitions' own (a key held with Limit(n) is served with its holders' limit even
+// without it); StartWith gives the Starter; the others are ignored. Serve is one
+// script call. On a wrapped Redis error the call may have been applied: a parked
+// task it handed the key to then comes by its own fallback, or the key passes on when
+// its claim ends. Safe for concurrent use.
+func (c *Client) Serve(ctx context.Context, key string, opts ...LockOption) (left time.Duration, waiting bool, err error) {
+	if key == "" {
+		return 0, false, errors.New("mutex: empty key")
+	}
+	var cfg lockConfig
+	for _, o := range opts {
+		o.applyLock(&cfg)
+	}
+	rkey := c.redisKey(key)
+	keys := []string{rkey, c.plain.queue(rkey), c.slots.queue(rkey)}
+	nums, hs, err := scriptReply(c.run.Run(ctx, serveScript, keys,
+		max(cfg.limit, 1), c.channels, c.countsSubscribers, tombstoneMillis), c.plain, keys, 3)
+	if err == nil && (len(nums) != 3 || (nums[2] != 1 && nums[2] != 2)) {
+		err = fmt.Errorf("unexpected reply %v", nums)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("mutex: serve %s: %w", show(key), err)
+	}
+	if nums[0] == -3 {
+		return 0, false, fmt.Errorf("mutex: serve %s: the Redis key %s holds a value of another type, not written by this package",
+			show(key), show(rkey))
+	}
+	if nums[2] == 2 { // the slots' line: its tickets are slots'
+		for i := range hs {
+			hs[i].kind, hs[i].queue = c.slots, keys[2]
+		}
+	}
+	c.start(cfg.starter, hs)
+	return time.Duration(nums[0]) * time.Millisecond, nums[1] == 1, nil
 }
 
 // parking is what Park asks for.

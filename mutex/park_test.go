@@ -395,3 +395,52 @@ func TestParkedInLine(t *testing.T) {
 		assert.Error(t, err, "a Parked no Starter was given")
 	})
 }
+
+// parkBehind parks tickets on key (with opts, claims of 5s) behind holders whose
+// leases are at most 10s, checking that each park tells the lease left.
+func parkBehind(t *testing.T, c *Client, key string, opts []LockOption, tickets ...string) {
+	t.Helper()
+	for _, tk := range tickets {
+		_, err := c.Lock(context.Background(), key, 10*time.Second,
+			append(opts, Park(tk, 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))...)
+		require.ErrorIs(t, err, ErrParked)
+		require.ErrorIs(t, err, ErrNotObtained)
+		left, ok := LeaseLeft(err)
+		require.True(t, ok, "LeaseLeft(%v)", err)
+		assert.Positive(t, left, "the holder's lease left")
+		assert.LessOrEqual(t, left, 10*time.Second)
+	}
+}
+
+func TestParkTellsTheLeaseLeft(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := New(b.rdb)
+		for _, tc := range []struct {
+			opts    []LockOption
+			holders int // that take every slot
+		}{{nil, 1}, {[]LockOption{Limit(2)}, 2}} {
+			key := uniqueKey(t)
+			for range tc.holders {
+				_, err := c.Lock(ctx, key, 10*time.Second, tc.opts...)
+				require.NoError(t, err)
+			}
+			parkBehind(t, c, key, tc.opts, "a", "b")
+			// No hash is left for List to meet (TestOperatorACLSuffices).
+			rkey := c.redisKey(key)
+			require.NoError(t, b.admin.Del(ctx, rkey, rkey+waitSuffix, rkey+slotsSuffix).Err())
+		}
+	})
+}
+
+func TestLeaseLeftOnlyForAParkedAcquisition(t *testing.T) {
+	for _, err := range []error{nil, ErrNotObtained, ErrParked, join(ErrNotObtained, ErrParked)} {
+		_, ok := LeaseLeft(err)
+		assert.False(t, ok, "LeaseLeft(%v)", err)
+	}
+	err := error(&parkedError{left: time.Second})
+	assert.Equal(t, join(ErrNotObtained, ErrParked).Error(), err.Error(), "the text of the two joined")
+	left, ok := LeaseLeft(join(err, context.Canceled))
+	assert.True(t, ok)
+	assert.Equal(t, time.Second, left)
+}

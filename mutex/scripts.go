@@ -33,11 +33,12 @@ var (
 	slotsFreeScript    = script("slots_free", "line", "slots")
 
 	inspectScript = script("inspect").Flag(store.NoWrites)
+	serveScript   = script("serve", "line", "plain", "slots")
 
 	scriptsLibrary = store.NewLibrary("asynqmutex",
 		plainLockScript, plainReleaseScript, plainExtendScript, plainPTTLScript, plainForceScript,
 		slotsLockScript, slotsReleaseScript, slotsExtendScript, slotsPTTLScript, slotsFreeScript,
-		inspectScript)
+		inspectScript, serveScript)
 )
 
 // script is the script of lua/<name>.lua, after the layout, common.lua and the files

@@ -111,7 +111,7 @@ func TestScriptsAsFunctions(t *testing.T) {
 				lib, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: scriptsLibrary.Name()}).Result()
 				require.NoError(t, err)
 				require.Len(t, lib, 1, "the library is loaded")
-				assert.Len(t, lib[0].Functions, 11, "a function per step")
+				assert.Len(t, lib[0].Functions, 12, "a function per step")
 			}
 		})
 	}

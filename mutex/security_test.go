@@ -199,7 +199,8 @@ func TestDocsQuoteTheACLRules(t *testing.T) {
 }
 
 // TestLimitACLSuffices: a worker with the rules docs/operating.md gives for Limit(n) takes,
-// waits for (a hand-over), renews and releases a slot; without them it is refused.
+// waits for (a hand-over), renews and releases a slot, and serves the line of crashed
+// holders; without them it is refused.
 func TestLimitACLSuffices(t *testing.T) {
 	sharedServer(t)
 	for _, user := range []string{limiterUser, workerUser} {
@@ -232,12 +233,28 @@ func TestLimitACLSuffices(t *testing.T) {
 		require.NoError(t, l.Unlock(ctx))
 		require.NoError(t, <-got, "handed over and released")
 		require.NoError(t, l2.Unlock(ctx))
+
+		// Serve hands the slots of crashed holders to a parked task.
+		_, err = c.TryLock(ctx, key, time.Minute, Limit(2), Token("h1"))
+		require.NoError(t, err)
+		h2, err := c.TryLock(ctx, key, time.Minute, Limit(2))
+		require.NoError(t, err)
+		_, err = c.Lock(ctx, key, time.Minute, Limit(2), Park("p", time.Minute, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+		endSlot(t, backend{admin: sharedServer(t)}, c, key, "h1")
+		_, waiting, err := c.Serve(ctx, key, Limit(2))
+		require.NoError(t, err)
+		assert.False(t, waiting)
+		p, err := c.TryLock(ctx, key, time.Minute, Limit(2), Park("p", time.Minute, ParkNever))
+		require.NoError(t, err, "handed to p")
+		require.NoError(t, p.Unlock(ctx))
+		require.NoError(t, h2.Unlock(ctx)) // no hash is left for List to meet (TestOperatorACLSuffices)
 	}
 }
 
 func TestWorkerACLSuffices(t *testing.T) {
 	// What docs/operating.md tells workers to grant: lock, wait (a hand-over), renew,
-	// release, one key or several; and Inspect needs more.
+	// release, one key or several, park and serve the line; and Inspect needs more.
 	sharedServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Username: workerUser, Password: aclPassword})
 	t.Cleanup(func() { rdb.Close() })
@@ -260,6 +277,18 @@ func TestWorkerACLSuffices(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // a renewal or two
 		return ctx.Err()
 	}))
+	// Serve hands a crashed holder's key to its parked task.
+	_, err = c.TryLock(ctx, key, time.Minute)
+	require.NoError(t, err)
+	_, err = c.Lock(ctx, key, time.Minute, Park("p", time.Minute, ParkAfterWait), MaxWait(time.Millisecond))
+	require.ErrorIs(t, err, ErrParked)
+	require.NoError(t, sharedServer(t).Del(ctx, c.redisKey(key)).Err())
+	_, waiting, err := c.Serve(ctx, key)
+	require.NoError(t, err)
+	assert.False(t, waiting)
+	p, err := c.TryLock(ctx, key, time.Minute, Park("p", time.Minute, ParkNever))
+	require.NoError(t, err, "handed to p")
+	require.NoError(t, p.Unlock(ctx))
 	_, err = c.Inspect(ctx, key)
 	assert.ErrorContains(t, err, "can't run this command", "inspection needs the operator's rules")
 }

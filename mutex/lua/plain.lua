@@ -79,3 +79,20 @@ local function previous(v)
   local h, p = holder(v)
   return string.byte(p, 1) == FORCED and p or h
 end
+
+-- serve gives lock, free (v is nil or a tombstone, whose next holder names prev as
+-- the previous one), to the oldest listening waiter or parked task of queue q, if
+-- any: see handOver, whose chan, counts, self, ticket, start and i it passes on.
+-- Returns what handOver does; when nobody was left, the lock is free again (a
+-- tombstone of the same releaser when handOver wrote waiters nobody heard over it).
+local function serve(lock, q, v, prev, chan, counts, self, ticket, start, i)
+  local served, last = handOver(lock, q, v, prev, chan, counts, self, ticket, start, i)
+  if not served and last ~= v then
+    local r, p = NO_DESCRIPTION, ''
+    if v then
+      r, p = holder(v)
+    end
+    redis.call('SET', lock, tombstone(last, r, p), 'KEEPTTL')
+  end
+  return served, last
+end

@@ -70,23 +70,6 @@ local function enqueue(lock, q, v, e, pttl)
   end
 end
 
--- serve gives lock, free (v is nil or a tombstone, whose next holder names prev as
--- the previous one), to the oldest listening waiter of queue q, if any: see handOver
--- (plain.lua); self is the caller's own entry, or nil, and ticket its ticket, or nil.
--- Returns what handOver does; when nobody was left, the lock is free again (a
--- tombstone of the same releaser when handOver wrote waiters nobody heard over it).
-local function serve(lock, q, v, prev, self, ticket, start, i)
-  local served, last = handOver(lock, q, v, prev, ARGV[7], ARGV[8], self, ticket, start, i)
-  if not served and last ~= v then
-    local r, p = NO_DESCRIPTION, ''
-    if v then
-      r, p = holder(v)
-    end
-    redis.call('SET', lock, tombstone(last, r, p), 'KEEPTTL')
-  end
-  return served, last
-end
-
 -- line puts the caller in the line of lock (queue q), held by another with value v
 -- and pttl ms left: as a waiter (entry e), or parked when it has a ticket; nobody
 -- without an entry. It returns what take does: 0 (busy) or -2 (parked), and pttl.
@@ -143,7 +126,7 @@ local function take(lock, q, id, ttl, head, queued, desc, start, i)
   -- Free: absent, or a tombstone, which goes now.
   markReleased(lock, v)
   local prev = previous(v)
-  local served, last = serve(lock, q, v, prev, e, ticket, start, i)
+  local served, last = serve(lock, q, v, prev, ARGV[7], ARGV[8], e, ticket, start, i)
   if served == 'other' then
     return line(lock, q, redis.call('GET', lock), e, redis.call('PTTL', lock), ticket, start, i)
   end
@@ -175,7 +158,7 @@ if ARGV[6] == '1' and n > 1 then
       if not ours(v, ARGV[1]) then
         return reply({0, redis.call('PTTL', lock), i})
       end
-    elseif serve(lock, q, v, previous(v), nil, nil, start, i) == 'other' then
+    elseif serve(lock, q, v, previous(v), ARGV[7], ARGV[8], nil, nil, start, i) == 'other' then
       markReleased(lock, v)
       return reply({0, redis.call('PTTL', lock), i})
     end

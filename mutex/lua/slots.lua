@@ -50,6 +50,35 @@ local function slotsLoad(c, mine)
   return s
 end
 
+-- slotsOpen reads the lock of call c as slotsLoad does (mine as there), for a caller
+-- that takes it with limit n (0: whatever limit the hash has): a plain lock's
+-- tombstone gives way to the hash, which keeps its fence (its releaser keeps its
+-- mark), and a hash nobody holds takes n as its limit. It returns s; or nil and the
+-- answer of slots_lock.lua for a key it cannot read as a lock with Limit(n): {-2,
+-- pttl} when a plain lock holds it, {-3, 0} when it holds another type.
+local function slotsOpen(c, n, mine)
+  local t = keyType(c.h)
+  local base = 0
+  if t == 'string' then
+    local v = redis.call('GET', c.h)
+    if held(v) then
+      return nil, {-2, redis.call('PTTL', c.h)}
+    end
+    base = fenceOf(v) or 0
+    markReleased(c.h, v) -- the tombstone goes: its releaser keeps its mark
+    redis.call('DEL', c.h)
+  elseif t ~= 'hash' and t ~= 'none' then
+    return nil, {-3, 0}
+  end
+  local s = slotsLoad(c, mine)
+  s.fence = math.max(s.fence, base)
+  if n > 0 and s.live == 0 and s.limit ~= n then
+    s.limit = n
+    redis.call('HSET', c.h, SLOTS_LIMIT, string.format('%d', n))
+  end
+  return s
+end
+
 -- slotsGrant gives a slot to identity id (with description desc) for lease ms, and
 -- returns its fence.
 local function slotsGrant(c, s, id, desc, lease)

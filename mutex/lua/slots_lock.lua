@@ -40,27 +40,12 @@ local start = {}
 local function reply(r)
   return withTickets(r, start)
 end
-local t = keyType(KEYS[1])
-local base = 0
-if t == 'string' then
-  local v = redis.call('GET', KEYS[1])
-  if held(v) then -- a plain lock holds it
-    return {-2, redis.call('PTTL', KEYS[1])}
-  end
-  base = fenceOf(v) or 0
-  markReleased(KEYS[1], v) -- the tombstone goes: its releaser keeps its mark
-  redis.call('DEL', KEYS[1])
-elseif t ~= 'hash' and t ~= 'none' then
-  return {-3, 0}
+local s, refused = slotsOpen(c, n, SLOT_HOLDER .. ARGV[1])
+if not s then
+  return refused
 end
-local s = slotsLoad(c, SLOT_HOLDER .. ARGV[1])
-s.fence = math.max(s.fence, base)
 if s.live > 0 and s.limit ~= n then
   return {-1, s.limit}
-end
-if s.live == 0 and s.limit ~= n then
-  s.limit = n
-  redis.call('HSET', KEYS[1], SLOTS_LIMIT, ARGV[6])
 end
 local e = ''
 if ARGV[3] ~= '' then

@@ -102,8 +102,8 @@ func (d *dueLoop) at(due time.Time, id string, run func(context.Context)) {
 	}
 }
 
-// drop forgets what was due for ticket: its task came early (run by hand, or within
-// its MaxWait of its start) and runs, so there is nothing to start.
+// drop forgets what was due under ticket (or another id): its task came early (run by
+// hand, or within its MaxWait of its start) and runs, so there is nothing to start.
 func (d *dueLoop) drop(ticket string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -189,3 +189,36 @@ func (h *dueHeap) Pop() any {
 	*h = old[:len(old)-1]
 	return e
 }
+
+// leaseMargin is how long after a holder's lease was to end the due loop looks at
+// its key: this process's clock and the Redis server's may differ by a little.
+const leaseMargin = 10 * time.Millisecond
+
+// serveTimeout bounds one look at a key whose lease ended.
+const serveTimeout = 10 * time.Second
+
+// watchLease has this process look at key's line when its holder's lease, left from
+// now, ends, and hand the key to the first in line if the holder neither released it
+// nor renewed it (it crashed): a task parks with nobody else to come, so without the
+// look the line would wait for the parked tasks' fallback. The look (mutex's Serve,
+// one script call) is repeated at each later lease end while anyone is in the line;
+// a key has one such look per process, and an error ends them (the fallbacks stand),
+// as does a release of the key by this process (unwatchLease): it hands the key on,
+// and the next task that parks there looks again.
+func (m *middleware) watchLease(key string, left time.Duration) {
+	m.due.at(time.Now().Add(left+leaseMargin), leaseID(key), func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, serveTimeout)
+		defer cancel()
+		left, waiting, err := m.locks.Serve(ctx, key, m.limitOpt, m.startWith)
+		if err == nil && waiting && left >= 0 {
+			m.watchLease(key, max(left, time.Second)) // a key left free with someone in line: look again later
+		}
+	})
+}
+
+// unwatchLease ends the looks at key's line that watchLease set: this process
+// released the key, handing it on.
+func (m *middleware) unwatchLease(key string) { m.due.drop(leaseID(key)) }
+
+// leaseID is the due loop's id of the look at key's line: no ticket has a NUL.
+func leaseID(key string) string { return "lease\x00" + key }

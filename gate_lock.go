@@ -38,6 +38,9 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	}
 	switch {
 	case entered:
+		if tk.keys == nil {
+			m.unwatchLease(tk.key)
+		}
 		if tk.ran && errors.Is(err, mutex.ErrNotHeld) {
 			tk.leaseLost = err
 		}
@@ -53,6 +56,9 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	le := &LockedError{Key: tk.key, Keys: tk.keys}
 	if busy, ok := mutex.BusyKey(err); ok {
 		le.Key = busy
+	}
+	if left, ok := mutex.LeaseLeft(err); ok && left >= 0 {
+		m.watchLease(tk.key, left)
 	}
 	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked)}
 }

@@ -395,3 +395,56 @@ func TestParkLimit(t *testing.T) {
 		t.Errorf("up to %d tasks of the key ran at once, want 2", m)
 	}
 }
+
+// TestParkedLineResumesAtLeaseEnd: a holder that crashes (takes the key and neither
+// renews nor releases it) leaves every task of its key parked, with nobody to come;
+// when its lease ends, a worker that parked a task there hands the key to the first
+// in line and starts it, long before the parked tasks' own fallback (the TTL).
+func TestParkedLineResumesAtLeaseEnd(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	e := newEnv(t)
+	r := newParkRecorder()
+	locks, _ := newLocks(t, e.opt)
+	crashed, _ := newLocks(t, e.opt)
+	var mu sync.Mutex
+	started := map[string]time.Time{}
+	mw := asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("park"), asynqmutex.TTL(parkTTL),
+		asynqmutex.Observe(func(_ context.Context, ev asynqmutex.Event) {
+			if ev.Op == asynqmutex.OpParkStarted {
+				mu.Lock()
+				started[ev.TaskID] = time.Now()
+				mu.Unlock()
+			}
+		}))
+	startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mw(r.handler()))
+	key := lockKey(t, "park", "k")
+	if _, err := crashed.Lock(context.Background(), key, lease); err != nil {
+		t.Fatal(err)
+	}
+	held := time.Now()
+	for _, n := range []string{"p1", "p2"} {
+		if _, err := e.cli.Enqueue(asynq.NewTask("park:task", payload(t, parkPayload{Key: "k", N: n})), asynq.TaskID(n), asynq.MaxRetry(5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, parkTTL, "both tasks to run", func() (bool, string) {
+		got := r.ran()
+		return len(got) == 2, fmt.Sprintf("ran %v", got)
+	})
+	if got := r.ran(); !slices.Equal(got, []string{"p1", "p2"}) {
+		t.Errorf("ran %v, want [p1 p2]", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	at, ok := started["p1"]
+	if !ok {
+		t.Fatalf("p1 was not started by its line when the crashed holder's lease ended (it came by its fallback); started %v", started)
+	}
+	if since := at.Sub(held); since < lease {
+		t.Errorf("p1 started %v after the key was taken, before the holder's lease of %v ended", since, lease)
+	}
+	if n, desc := r.tr.maxOverlap(); n > 1 {
+		t.Errorf("%d tasks of the key at once: %s", n, desc)
+	}
+}

@@ -142,7 +142,9 @@ func TestRateParkBacklog(t *testing.T) {
 func TestRateParkDeletedPassedOver(t *testing.T) {
 	t.Parallel()
 	const tasks, n = 8, 4
-	per := time.Second
+	// Starts half a second apart: the victim, the last, waits parked for its start
+	// (3.5 s after the first) long enough to be seen so on a busy machine.
+	per := 2 * time.Second
 	e := newEnv(t)
 	st, tr, ev := newStarts(), newTracker(), newTally()
 	const victim = "seq-7" // the last: its start is the latest reserved

@@ -205,6 +205,12 @@ func (m *middleware) orderGate(ctx context.Context, tk *task, next func(context.
 		m.emit(ctx, Event{Op: OpOutOfOrder, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Err: why})
 		return next(ctx)
 	}
+	if turn.Ahead && m.policy == Park {
+		// The task after it parked and nothing started it ahead (this one's turn came
+		// by a retry, not by a finish): started now, it waits for this one in a worker.
+		// Only a start sooner is at stake: an error leaves it to this one's finish.
+		_ = m.seq.StartAhead(ctx, tk.key, p)
+	}
 	// A task that will not run again finishes its place in the round trip of its
 	// lock's release: the Finish rides in the release's pipeline (see
 	// order.Sequencer.FinishLater), sent first, so that the next task is woken as the
@@ -338,7 +344,7 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 	// Started ahead of its turn under Park (the task ahead was started as the place
 	// before it finished): it waits in its worker up to LeadWait for the task ahead,
 	// which is on its way or running, to start the moment that one finishes.
-	ahead := err == nil && turn.Ahead && m.leads()
+	ahead := err == nil && turn.State == order.TurnWait && turn.Ahead && m.leads()
 	if ahead {
 		deadline = time.Now().Add(m.leadWait(ctx))
 	}

@@ -164,3 +164,50 @@ func TestParkedPlaceBehindAbandonedOnesIsStarted(t *testing.T) {
 	}
 	noStart(t, started, "the last finish")
 }
+
+func TestStartAheadOfAPlaceWhoseTurnCameByItself(t *testing.T) {
+	t.Parallel()
+	start, started := startedTickets()
+	s, ctx, key := New(sharedServer(t), StartWith(start)), context.Background(), uniqueKey(t)
+	p1, _ := s.Take(ctx, key, "q", "t1")
+	p2, _ := s.Take(ctx, key, "q", "t2")
+	// Before anything parks behind it, place 1's turn names nothing to start.
+	if turn, err := s.Enter(ctx, key, p1); err != nil || turn.State != TurnNow || turn.Ahead {
+		t.Fatalf("Enter(place 1) = %+v, %v; want its turn, nothing behind", turn, err)
+	}
+	if _, err := s.Park(ctx, key, p2, "ticket-2"); err != nil {
+		t.Fatal(err)
+	}
+	// Place 1's turn came without a finish (its task was retried): its Enter says
+	// that the place after it waits unstarted, and StartAhead starts it, once.
+	if turn, err := s.Enter(ctx, key, p1); err != nil || turn.State != TurnNow || !turn.Ahead {
+		t.Fatalf("Enter(place 1) = %+v, %v; want its turn, a parked place behind", turn, err)
+	}
+	if err := s.StartAhead(ctx, key, p1); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextStart(t, started); got.Place != p2 || got.Ticket != "ticket-2" || !got.Ahead {
+		t.Fatalf("started %+v; want place 2 ahead of its turn", got)
+	}
+	if turn, err := s.Enter(ctx, key, p2); err != nil || turn.State != TurnWait || !turn.Ahead {
+		t.Fatalf("Enter(place 2) = %+v, %v; want a wait, started ahead", turn, err)
+	}
+	if turn, err := s.Enter(ctx, key, p1); err != nil || turn.Ahead {
+		t.Fatalf("Enter(place 1) = %+v, %v; want nothing behind left to start", turn, err)
+	}
+	// Again, or for a place whose turn has not come: nothing.
+	if err := s.StartAhead(ctx, key, p1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartAhead(ctx, key, p2); err != nil {
+		t.Fatal(err)
+	}
+	noStart(t, started, "StartAhead again")
+	// The finish of place 1 starts place 2, its turn come, as started before.
+	if _, err := s.Finish(ctx, key, p1, Done); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextStart(t, started); got.Place != p2 || !got.Started || got.Ahead {
+		t.Fatalf("started %+v; want place 2, its turn come, started before", got)
+	}
+}

@@ -18,11 +18,12 @@ var (
 	takeScript    = script("take")
 	enterScript   = script("enter").Flag(store.NoWrites)
 	parkScript    = script("park")
+	aheadScript   = script("ahead")
 	finishScript  = script("finish")
 	requeueScript = script("requeue") // it only publishes, which a no-writes function may not
 	inspectScript = script("inspect").Flag(store.NoWrites)
 
-	scriptsLibrary = store.NewLibrary("asynqmutex_order", takeScript, enterScript, parkScript, finishScript, requeueScript, inspectScript)
+	scriptsLibrary = store.NewLibrary("asynqmutex_order", takeScript, enterScript, parkScript, aheadScript, finishScript, requeueScript, inspectScript)
 )
 
 func script(name string) *store.Script {

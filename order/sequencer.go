@@ -184,6 +184,8 @@ type Turn struct {
 	Holder Holder
 	// Ahead is set, with TurnWait, when the place's task parked and was started ahead
 	// of its turn (see StartWith): it is meant to wait for its turn in its process.
+	// With TurnNow, it is set when the task of the place after it parked and was not
+	// started ahead: StartAhead starts it.
 	Ahead bool
 }
 
@@ -221,11 +223,12 @@ func turnOf(key string, p Place, cmd *redis.Cmd) (Turn, error) {
 	rec, _ := res[2].(string)
 	t := Turn{Next: next}
 	switch state {
-	case "turn":
-		t.State = TurnNow
 	case "wait":
 		t.State = TurnWait
 		t.Holder = holder(rec, number(res[3]))
+		t.Ahead = number(res[4]) == 1
+	case "turn":
+		t.State = TurnNow
 		t.Ahead = number(res[4]) == 1
 	case "passed":
 		t.State = TurnPassed
@@ -256,6 +259,25 @@ func (s *Sequencer) Park(ctx context.Context, key string, p Place, ticket string
 		return Turn{}, fmt.Errorf("order: key %s: place %v: park: ticket %s is empty or begins with %q", show(key), p.N, shortkey.Quote(ticket), startedMark)
 	}
 	return turnOf(key, p, s.run.Run(ctx, parkScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N, ticket))
+}
+
+// StartAhead has the Sequencer's Starter (StartWith) start the parked task of the
+// place after p, ahead of its turn, when p's turn has come (Enter said so, with
+// Turn.Ahead set), as a Finish does for the place after the one it makes the key's
+// next: so that the task waits for its turn in a process, and starts the moment p
+// finishes, rather than be started then and wait for asynq's dispatch. It marks the
+// place's mark started, in one script call, and does nothing when p is not the key's
+// next or the place after it has no mark, or one started already. Safe for
+// concurrent use.
+func (s *Sequencer) StartAhead(ctx context.Context, key string, p Place) error {
+	mark, err := s.run.Run(ctx, aheadScript, []string{redisKey(s.prefix, key)}, p.Epoch, p.N).Text()
+	if err != nil {
+		return fmt.Errorf("order: key %s: start ahead of place %v: %w", show(key), p.N, err)
+	}
+	if mark != "" && s.start != nil {
+		go s.starting([]Parked{{Key: key, Place: Place{Epoch: p.Epoch, N: p.N + 1}, Ticket: mark, Ahead: true}})
+	}
+	return nil
 }
 
 // How says how a place was finished, for Finish.

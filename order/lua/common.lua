@@ -12,7 +12,8 @@ local function int(x)
 end
 
 -- turn: where place p of epoch stands in the sequence at key (enter.lua's reply):
--- {state, next, record, now, ahead}.
+-- {state, next, record, now, ahead}; with 'turn', ahead is 1 when the place after p
+-- parked and was not started ahead (ahead.lua starts it).
 local function turn(key, epoch, p)
   local t = int(now())
   local got = redis.call('HMGET', key, EPOCH, NEXT)
@@ -21,6 +22,10 @@ local function turn(key, epoch, p)
   end
   local nxt = tonumber(got[2])
   if p == nxt then
+    local behind = redis.call('HGET', key, PARKP .. int(p + 1))
+    if behind and string.sub(behind, 1, #STARTED) ~= STARTED then
+      return {'turn', nxt, '', t, 1}
+    end
     return {'turn', nxt, '', t, 0}
   elseif p < nxt then
     return {'passed', nxt, '', t, 0}

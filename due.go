@@ -34,21 +34,40 @@ func (m *middleware) parksUntil(ctx context.Context, tk *task) bool {
 // fallbacks' worth.
 func (m *middleware) hold() time.Duration { return 4 * m.claim() }
 
-// startEarly is how long before its time a task parked until a time is started: an
-// asynq server dispatches a task made pending within about a TaskCheckInterval
-// (20 ms with Configure's ParkedTaskCheck), so that it arrives by its time; a task
-// whose reserved start comes within startEarly waits for it in its worker.
+// startEarly is how long, at least, before its time a task parked until a time is
+// started: an asynq server dispatches a task made pending within about a
+// TaskCheckInterval (20 ms with Configure's ParkedTaskCheck) when its queue is
+// empty, so that it arrives by its time; see lead for a queue that is not.
 const startEarly = 50 * time.Millisecond
 
+// lead is how long before its time a task parked until a time is started, and how
+// long a task whose reserved start comes within it waits for it in its worker: the
+// dispatch lag seen lately, and a half more (a task made pending joins the back of
+// its queue, behind whatever waits there), at least startEarly and at most a claim.
+func (m *middleware) lead() time.Duration {
+	return min(max(startEarly, time.Duration(m.lag.Load())*3/2), m.claim())
+}
+
+// sawLag records how late (negative: early) a task that parked until its start came
+// for it: with the lead it was started with, taken to be this process's, the
+// dispatch lag, averaged over the last few. A sample is bounded by twice the average
+// (at least a second), so that one task that came by its fallback moves it only so
+// far. Safe for concurrent use; concurrent samples may be lost.
+func (m *middleware) sawLag(late time.Duration) {
+	old := time.Duration(m.lag.Load())
+	sample := min(max(late+m.lead(), 0), max(2*old, time.Second))
+	m.lag.Store(int64(old + (sample-old)/4))
+}
+
 // parkUntil has task tk, parked on key until due (its reserved start, its key's
-// pause's end), started by this process then (startEarly before it when a rate gate
-// will hold it back for the rest), and returns its fallback: the time
+// pause's end), started by this process then (lead before it when a rate gate will
+// hold it back for the rest), and returns its fallback: the time
 // until due in whole seconds plus the claim, so that it comes back by itself after
 // its start was due if this process dies (and takes another unless it comes within
 // an interval of that one; see ratelimit.Limiter.TakeAs).
 func (m *middleware) parkUntil(tk *task, key string, due time.Time) time.Duration {
 	if m.rates != nil {
-		due = due.Add(-startEarly)
+		due = due.Add(-m.lead())
 	}
 	m.due.add(due, parkedTask{key: key, ticket: ticket(tk.meta.queue, tk.meta.id)})
 	return wholeSeconds(time.Until(due)+startEarly) + m.claim()

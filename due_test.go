@@ -159,3 +159,38 @@ func TestDueLoopDrop(t *testing.T) {
 		t.Errorf("started %v, want %v", got, want)
 	}
 }
+
+// TestLeadFollowsTheDispatchLag: tasks that come late for their start make the lead
+// (how early the due loop starts one) grow toward their lag and a half, so that a
+// queue with a backlog does not make every parked task late; one that came by its
+// fallback, very late, moves it only so far; tasks on time bring it back down, never
+// below startEarly nor above a claim.
+func TestLeadFollowsTheDispatchLag(t *testing.T) {
+	m := &middleware{config: config{ttl: 30 * time.Second}}
+	if got := m.lead(); got != startEarly {
+		t.Fatalf("lead before any sample = %v, want startEarly (%v)", got, startEarly)
+	}
+	for range 40 { // a queue whose tasks wait 800 ms for a worker
+		m.sawLag(800*time.Millisecond - m.lead())
+	}
+	if got := m.lead(); got < time.Second || got > 1300*time.Millisecond {
+		t.Fatalf("lead after a steady lag of 800ms = %v, want about 1.2s", got)
+	}
+	before := m.lead()
+	m.sawLag(m.claim()) // came by its fallback
+	if got := m.lead(); got > 2*before {
+		t.Errorf("one fallback moved the lead from %v to %v", before, got)
+	}
+	for range 60 { // the backlog is gone: tasks come early
+		m.sawLag(20*time.Millisecond - m.lead())
+	}
+	if got := m.lead(); got != startEarly {
+		t.Errorf("lead after the backlog = %v, want back at startEarly (%v)", got, startEarly)
+	}
+	for range 100 {
+		m.sawLag(time.Hour)
+	}
+	if got := m.lead(); got != m.claim() {
+		t.Errorf("lead under an endless lag = %v, want a claim (%v)", got, m.claim())
+	}
+}

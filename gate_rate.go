@@ -144,8 +144,11 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 	var r ratelimit.Result
 	park := m.parksUntil(ctx, tk)
 	if park {
-		// A start within startEarly is waited for here: parking would take longer.
-		r, err = m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), max(m.waitLeft(ctx, tk), startEarly), m.hold())
+		// A start within the lead is waited for here: parking would take longer.
+		r, err = m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), max(m.waitLeft(ctx, tk), m.lead()), m.hold())
+		if err == nil && r.Found {
+			m.sawLag(r.Late)
+		}
 	} else {
 		r, err = m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
 	}

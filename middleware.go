@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -111,6 +112,7 @@ type middleware struct {
 	starter   *starter           // starts parked tasks (Park)
 	startWith mutex.LockOption   // mutex.StartWith(starter.startLocked): every lock passes it
 	due       *dueLoop           // starts tasks parked until a time (a rate start, a pause's end)
+	lag       atomic.Int64       // ns: how late tasks started by due arrive (sawLag, lead)
 	rates     *ratelimit.Limiter // with Rate or RateBy: on the locks' Redis and prefix
 	seq       *order.Sequencer   // with InOrder: on the locks' Redis and prefix
 	stalls    stallWatch         // with InOrder: keys stalled behind a pending task

@@ -80,7 +80,8 @@ func (e *busyError) Unwrap() error { return e.err }
 // ErrParked, see Park), how long the lease of the key's holder had left when it
 // parked: with Limit(n), of the holder whose lease ends first. It is negative when
 // the key has no expiry (set by hand). Whoever knows that no attempt will come
-// meanwhile calls Serve when it has passed. It reports false for any other error.
+// meanwhile calls Serve when it has passed. It reports false for any other error,
+// nil included. A pure function: safe for concurrent use.
 func LeaseLeft(err error) (time.Duration, bool) {
 	var pe *parkedError
 	if errors.As(err, &pe) {

@@ -29,10 +29,11 @@ import (
 //     that go-redis sends again after a lost reply finds the place its first run took.
 //   - parkPrefix followed by a place, in decimal, for each place whose task parked
 //     (Park) and was not started since: the ticket its caller gave, which the Finish
-//     that makes the place the key's next drops and returns, to be started; after
-//     startedMark once the Finish that made the place before it the next returned it
-//     to be started ahead of its turn (the mark stays until the place's own turn).
-//   - fieldParked: how many places have such a mark.
+//     that makes the place the key's next returns, to be started; after startedMark
+//     once a Finish (or StartAhead) returned it to be started, for its turn or ahead
+//     of it: the mark stays until the place finishes, so that a Finish sent again
+//     names it again.
+//   - fieldParked: how many places have such a mark not flagged started.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
 // place, as FormatPlace writes it, followed, when the place is taken, by " <µs now>

@@ -77,9 +77,19 @@ func TestParkedPlaceIsStartedByTheFinishBeforeIt(t *testing.T) {
 	if turn, err := s.Enter(ctx, key, p2); err != nil || turn.State != TurnNow || turn.Ahead {
 		t.Fatalf("Enter(place 2) = %+v, %v; want its turn", turn, err)
 	}
-	// A Finish sent again starts nothing more.
+	// A Finish sent again (its reply lost) names both again, as started before: a
+	// start the lost reply missed is made then.
 	if n, err := s.Finish(ctx, key, p1, Done); err != nil || n != 0 {
 		t.Fatalf("Finish(1) again = %d, %v; want 0", n, err)
+	}
+	if got := nextStart(t, started); got.Place != p2 || !got.Started || got.Ahead {
+		t.Fatalf("started %+v; want place 2 again, started before", got)
+	}
+	if got := nextStart(t, started); got.Place != p3 || !got.Started || !got.Ahead {
+		t.Fatalf("started %+v; want place 3 again, started before, ahead", got)
+	}
+	if st, err := s.Inspect(ctx, key); err != nil || st.Parked != 0 {
+		t.Fatalf("Inspect = %+v, %v; want none parked: both were started", st, err)
 	}
 	// Place 2 is skipped (its task was gone): place 3's task is started, marked as
 	// started before; a Finish carried by a Later starts it too.

@@ -41,8 +41,9 @@ func Prefix(p string) Option {
 	return optionFunc(func(s *Sequencer) { s.prefix = p })
 }
 
-// Parked is a task that parked (Sequencer.Park) and whose turn has come: the Finish
-// of the place before it made its place the key's next.
+// Parked is a task that parked (Sequencer.Park) and whose turn has come, or is next
+// (Ahead): what a Finish (or StartAhead) hands the Starter. A plain value, safe to
+// share; the task may be gone meanwhile, which the Starter finds out.
 type Parked struct {
 	Key    string
 	Place  Place
@@ -327,15 +328,15 @@ func (s *Sequencer) finished(key string, p Place, cmd *redis.Cmd) (int64, error)
 	if err != nil {
 		return 0, fmt.Errorf("order: key %s: finish place %v: %w", show(key), p.N, err)
 	}
-	if len(res) != 3 {
+	if len(res) != 4 {
 		return 0, fmt.Errorf("order: key %s: finish place %v: unexpected reply %v", show(key), p.N, res)
 	}
-	next := number(res[0])
+	next, at := number(res[0]), number(res[3])
 	var parked []Parked
 	for i, ahead := range []bool{false, true} {
 		if mark, _ := res[1+i].(string); mark != "" {
 			ticket, started := strings.CutPrefix(mark, startedMark)
-			parked = append(parked, Parked{Key: key, Place: Place{Epoch: p.Epoch, N: next + int64(i)}, Ticket: ticket, Started: started, Ahead: ahead})
+			parked = append(parked, Parked{Key: key, Place: Place{Epoch: p.Epoch, N: at + int64(i)}, Ticket: ticket, Started: started, Ahead: ahead})
 		}
 	}
 	if len(parked) > 0 && s.start != nil {

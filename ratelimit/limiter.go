@@ -69,8 +69,15 @@ type Result struct {
 	// without one, or when starts taken since hold it back longer.
 	Paused time.Duration
 	// Held is true, from TakeAs, when the start was taken and kept for the caller
-	// to come back for (Allowed is then false, and Delay says when it is due).
+	// to come back for (Allowed is then false, and Delay says when it is due); the
+	// start lapses unused if nobody comes back for it. False on any error.
 	Held bool
+	// Found is true, from TakeAs, when the call found a start an earlier call held
+	// for its id (honoured, or given up as too late); Late is then how long after
+	// that start was due the call came, on the Redis server's clock (negative when
+	// it came early): how late a caller that parked until its start arrives.
+	Found bool
+	Late  time.Duration
 
 	member string // the start taken, for Cancel
 }
@@ -112,10 +119,10 @@ func (l *Limiter) reserve(ctx context.Context, key string, lim Rate, m string, w
 	if err != nil {
 		return Result{}, fmt.Errorf("ratelimit: key %s: %w", show(key), err)
 	}
-	if len(res) != 4 {
+	if len(res) != 6 {
 		return Result{}, fmt.Errorf("ratelimit: key %s: unexpected reply %v", show(key), res)
 	}
-	r := Result{Allowed: res[0] == 1, Delay: micros(res[1]), Remaining: int(res[2]), Paused: micros(res[3])}
+	r := Result{Allowed: res[0] == 1, Delay: micros(res[1]), Remaining: int(res[2]), Paused: micros(res[3]), Found: res[4] == 1, Late: micros(res[5])}
 	if r.Allowed {
 		r.member = m
 	}

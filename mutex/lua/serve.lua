@@ -32,10 +32,7 @@
 local n = tonumber(ARGV[1])
 local start = {}
 local function reply(r)
-  for _, t in ipairs(start) do
-    r[#r + 1] = t
-  end
-  return r
+  return withTickets(r, start)
 end
 local function inLine(q)
   return redis.call('LINDEX', q, 0) and 1 or 0

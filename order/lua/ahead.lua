@@ -14,9 +14,8 @@ local got = redis.call('HMGET', key, EPOCH, NEXT)
 if got[1] ~= ARGV[1] or tonumber(got[2]) ~= p then
   return ''
 end
-local mark = redis.call('HGET', key, PARKP .. int(p + 1))
+local mark = startMark(key, p + 1)
 if not mark or string.sub(mark, 1, #STARTED) == STARTED then
   return ''
 end
-redis.call('HSET', key, PARKP .. int(p + 1), STARTED .. mark)
 return mark

@@ -44,7 +44,31 @@ local function unpark(key, n)
   local ticket = redis.call('HGET', key, PARKP .. int(n))
   if ticket then
     redis.call('HDEL', key, PARKP .. int(n))
-    redis.call('HINCRBY', key, PARKED, -1)
+    if string.sub(ticket, 1, #STARTED) ~= STARTED then
+      redis.call('HINCRBY', key, PARKED, -1)
+    end
   end
   return ticket
+end
+
+-- startMark returns the park mark of place n of the sequence at key as it was (false
+-- if none), and keeps it, flagged STARTED: its task is being started, and the mark
+-- names it again to a finish sent again (finish.lua) until the place finishes.
+local function startMark(key, n)
+  local mark = redis.call('HGET', key, PARKP .. int(n))
+  if mark and string.sub(mark, 1, #STARTED) ~= STARTED then
+    redis.call('HSET', key, PARKP .. int(n), STARTED .. mark)
+    redis.call('HINCRBY', key, PARKED, -1)
+  end
+  return mark
+end
+
+-- startedMark returns the park mark of place n of the sequence at key if it is
+-- flagged STARTED, '' otherwise.
+local function startedMark(key, n)
+  local mark = redis.call('HGET', key, PARKP .. int(n))
+  if mark and string.sub(mark, 1, #STARTED) == STARTED then
+    return mark
+  end
+  return ''
 end

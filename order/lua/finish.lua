@@ -9,19 +9,23 @@
 -- ARGV[3] -> how: 'done' (its task finished), 'skip' (the key moves past it without
 --            its task), 'abandon' (its producer could not enqueue the task)
 --
--- Returns {next, ticket, ahead}: the key's next place after the call, or 0 when the place
--- was not the key's next (another call finished it, or an earlier place is not finished: then
--- 'abandon' marks the place so that the key moves past it when its turn comes) or the
--- key has no sequence of that epoch. The places after it that were abandoned are
--- finished with it. ticket is the park mark of the new next place, dropped (see
--- park.lua), for the caller to start its task ('' when it has none), after STARTED if
--- it was started ahead; ahead is the ticket of the place after that, when it parked,
--- which the caller starts ahead of its turn, to wait for it in a process: its mark
--- stays, after STARTED. A key with no place left unfinished expires after KEEP_MS.
+-- Returns {next, ticket, ahead, at}: next is the key's next place after the call, or
+-- 0 when the place was not the key's next (another call finished it, or an earlier
+-- place is not finished: then 'abandon' marks the place so that the key moves past it
+-- when its turn comes) or the key has no sequence of that epoch. The places after it
+-- that were abandoned are finished with it. ticket is the park mark of the key's next
+-- place (see park.lua), for the caller to start its task ('' when it has none), after
+-- STARTED if it was started before; ahead is the mark of the place after that, when
+-- it parked, which the caller starts ahead of its turn, to wait for it in a process;
+-- at is the key's next place, the place of ticket. Both marks stay, flagged STARTED,
+-- until their place finishes: a finish of the place just before the key's next (one
+-- go-redis sent again after a lost reply, or a second finisher's) names the started
+-- ones again, so that a start a lost reply missed is made; starting a task twice
+-- does nothing more. A key with no place left unfinished expires after KEEP_MS.
 local key, epoch, p, how = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local got = redis.call('HMGET', key, EPOCH, NEXT)
 if got[1] ~= epoch then
-  return {0, '', ''}
+  return {0, '', '', 0}
 end
 local nxt = tonumber(got[2])
 if p ~= nxt then
@@ -31,7 +35,10 @@ if p ~= nxt then
       redis.call('HSET', key, p, ABANDONED .. ' ' .. rec)
     end
   end
-  return {0, '', ''}
+  if p == nxt - 1 then
+    return {0, startedMark(key, nxt), startedMark(key, nxt + 1), nxt}
+  end
+  return {0, '', '', 0}
 end
 local last = tonumber(redis.call('HGET', key, LAST))
 local skipped = 0
@@ -75,10 +82,9 @@ end
 -- is later judges it without asking again.
 local msg, ticket, ahead = epoch .. ':' .. int(nxt), '', ''
 if nxt <= last then
-  ticket = unpark(key, nxt) or ''
-  local mark = redis.call('HGET', key, PARKP .. int(nxt + 1))
+  ticket = startMark(key, nxt) or ''
+  local mark = startMark(key, nxt + 1)
   if mark and string.sub(mark, 1, #STARTED) ~= STARTED then
-    redis.call('HSET', key, PARKP .. int(nxt + 1), STARTED .. mark)
     ahead = mark
   end
   local rec = redis.call('HGET', key, nxt)
@@ -87,4 +93,4 @@ if nxt <= last then
   end
 end
 redis.call('PUBLISH', key, msg)
-return {nxt, ticket, ahead}
+return {nxt, ticket, ahead, nxt}

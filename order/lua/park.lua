@@ -12,7 +12,9 @@
 local key, p = KEYS[1], tonumber(ARGV[2])
 local r = turn(key, ARGV[1], p)
 if r[1] == 'wait' then
-  if redis.call('HSET', key, PARKP .. int(p), ARGV[3]) == 1 then
+  local old = redis.call('HGET', key, PARKP .. int(p))
+  redis.call('HSET', key, PARKP .. int(p), ARGV[3])
+  if not old or string.sub(old, 1, #STARTED) == STARTED then
     redis.call('HINCRBY', key, PARKED, 1)
   end
 end

@@ -42,7 +42,7 @@ end
 -- which every call would make anew.
 local function again(score, t, tat, interval, tau, paused)
   local at = -score - tau
-  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused}
+  return {1, math.max(at - t, 0), math.max(math.floor((t + tau - tat) / interval), 0), paused, 1, t - at}
 end
 
 -- given_up reports whether a named call (take.lua's stale above 0) gives up the

@@ -10,12 +10,14 @@
 --            is given up and another taken; 0 for a call with a random identity,
 --            whose start found again is always its first run's
 --
--- Returns {taken, delay, remaining, paused}: taken is 1 when the start was taken
--- (by this call, by its first run when go-redis sent it again, or by an earlier
--- call of a named caller); delay is the
+-- Returns {taken, delay, remaining, paused, found, late}: taken is 1 when the start
+-- was taken (by this call, by its first run when go-redis sent it again, or by an
+-- earlier call of a named caller); delay is the
 -- microseconds until the start may begin when taken, and otherwise until one could;
 -- remaining is how many more could begin at once now; paused is the microseconds
--- left of a pause that holds the key back, 0 without one.
+-- left of a pause that holds the key back, 0 without one; found is 1 when the call
+-- found a start taken before for its member (kept, or given up), and late then the
+-- microseconds after that start was due that the call came (negative: before).
 --
 -- The lowest score is minus the key's TAT, a pause's included (see layout.go), so
 -- the decision reads the set's first entry, and a start taken goes first. Whether
@@ -44,16 +46,21 @@ if delay > window then
   if score and not given_up(key, score, t, interval, burst, stale) then
     return again(score, t, tat, interval, tau, paused)
   end
-  return {0, delay, 0, paused}
+  if score then
+    return {0, delay, 0, paused, 1, t + score + tau}
+  end
+  return {0, delay, 0, paused, 0, 0}
 end
+local found, late = 0, 0
 if redis.call('ZADD', key, 'NX', int(-new), m) == 0 then
   local score = redis.call('ZSCORE', key, m)
   if not given_up(key, score, t, interval, burst, stale) then
     return again(score, t, tat, interval, tau, paused)
   end
+  found, late = 1, t + score + tau
   redis.call('ZADD', key, 'XX', int(-new), m)
 end
 if epoch(new) ~= epoch(last) then
   forget(key, t, new, last)
 end
-return {1, math.max(delay, 0), math.max(math.floor((t + tau - new) / interval), 0), paused}
+return {1, math.max(delay, 0), math.max(math.floor((t + tau - new) / interval), 0), paused, found, late}

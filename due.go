@@ -101,10 +101,10 @@ func (d *dueLoop) at(due time.Time, id string, run func(context.Context)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e, ok := d.byID[id]; ok {
-		e.due, e.run = due, run
+		e.due, e.run, e.set = due, run, time.Now()
 		heap.Fix(&d.tasks, e.i)
 	} else {
-		e := &dueTask{due: due, id: id, run: run}
+		e := &dueTask{due: due, id: id, run: run, set: time.Now()}
 		heap.Push(&d.tasks, e)
 		d.byID[id] = e
 	}
@@ -123,12 +123,16 @@ func (d *dueLoop) at(due time.Time, id string, run func(context.Context)) {
 
 // drop forgets what was due under ticket (or another id): its task came early (run by
 // hand, or within its MaxWait of its start) and runs, so there is nothing to start.
-func (d *dueLoop) drop(ticket string) {
+func (d *dueLoop) drop(ticket string) { d.dropSetBefore(ticket, time.Time{}) }
+
+// dropSetBefore forgets what was due under id if it was set (or set again) before
+// t; any time when t is zero.
+func (d *dueLoop) dropSetBefore(id string, t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if e, ok := d.byID[ticket]; ok {
+	if e, ok := d.byID[id]; ok && (t.IsZero() || e.set.Before(t)) {
 		heap.Remove(&d.tasks, e.i)
-		delete(d.byID, ticket)
+		delete(d.byID, id)
 	}
 }
 
@@ -182,6 +186,7 @@ type dueTask struct {
 	due time.Time
 	id  string
 	run func(context.Context)
+	set time.Time // when it was set, or set again
 	i   int
 }
 
@@ -235,9 +240,12 @@ func (m *middleware) watchLease(key string, left time.Duration) {
 	})
 }
 
-// unwatchLease ends the looks at key's line that watchLease set: this process
-// released the key, handing it on.
-func (m *middleware) unwatchLease(key string) { m.due.drop(leaseID(key)) }
+// unwatchLease ends the look at key's line that watchLease set before released: this
+// process released the key then, handing it on. A look set since (a task that parked
+// behind the new holder) stays.
+func (m *middleware) unwatchLease(key string, released time.Time) {
+	m.due.dropSetBefore(leaseID(key), released)
+}
 
 // leaseID is the due loop's id of the look at key's line: no ticket has a NUL.
 func leaseID(key string) string { return "lease\x00" + key }

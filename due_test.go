@@ -194,3 +194,23 @@ func TestLeadFollowsTheDispatchLag(t *testing.T) {
 		t.Errorf("lead under an endless lag = %v, want a claim (%v)", got, m.claim())
 	}
 }
+
+// TestDueLoopDropsOnlyWhatWasSetBefore: a release drops the look at its key's line
+// set before it, not one a task parked behind the new holder set since.
+func TestDueLoopDropsOnlyWhatWasSetBefore(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	r := newDueRecorder()
+	d := newDueLoop(r.start)
+	released := time.Now()
+	time.Sleep(time.Millisecond) // set strictly after the release
+	d.add(time.Now().Add(50*time.Millisecond), parkedTask{ticket: "later"})
+	d.dropSetBefore("later", released)
+	if got := d.size(); got != 1 {
+		t.Fatalf("%d entries after dropping those set before the release, want the later one kept", got)
+	}
+	d.dropSetBefore("later", time.Now())
+	if got := d.size(); got != 0 {
+		t.Fatalf("%d entries after dropping those set before now, want none", got)
+	}
+	idle(t, d)
+}

@@ -19,11 +19,13 @@ import (
 func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.Context) error) error {
 	var (
 		entered bool
-		inner   error // what the rest of the path returned
+		inner   error     // what the rest of the path returned
+		done    time.Time // when it returned, before the release
 	)
 	fn := func(ctx context.Context) error {
 		entered = true
 		inner = next(ctx)
+		done = time.Now()
 		return nil // kept apart, so that err is only about the lock
 	}
 	wait, held := mutex.MaxWait(m.waitLeft(ctx, tk)), mutex.HeldBy(tk.Type(), tk.meta.id)
@@ -39,7 +41,7 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	switch {
 	case entered:
 		if tk.keys == nil {
-			m.unwatchLease(tk.key)
+			m.unwatchLease(tk.key, done)
 		}
 		if tk.ran && errors.Is(err, mutex.ErrNotHeld) {
 			tk.leaseLost = err

@@ -819,7 +819,8 @@ func TestOrderAfterLockRedisLosesWrites(t *testing.T) {
 				log.succeeded[p.name()]++
 				return nil
 			})
-			mux.Use(asynqmutex.Middleware(mutex.New(lockRedis.Client(t)), opts(e.insp)...))
+			// The locks' Redis is not asynq's: parked tasks are started through asynq's.
+			mux.Use(asynqmutex.Middleware(mutex.New(lockRedis.Client(t)), append(opts(e.insp), asynqmutex.Inspector(e.insp))...))
 			startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 4}), mux)
 			waitFor(t, 30*time.Second, "every task ran", func() (bool, string) {
 				n := log.done()

@@ -264,7 +264,7 @@ type probe struct {
 type probeKey struct{}
 
 // probeHook fills the probe in a command's context from a take script's reply
-// ({taken, delay µs, remaining, paused}). It is a test's view of the wire format,
+// ({taken, delay µs, remaining, paused, found, late}). It is a test's view of the wire format,
 // not an API.
 type probeHook struct{}
 
@@ -284,7 +284,7 @@ func (probeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return err
 		}
 		if c, ok := cmd.(*redis.Cmd); ok {
-			if res, err := c.Int64Slice(); err == nil && len(res) == 4 && res[0] == 1 {
+			if res, err := c.Int64Slice(); err == nil && len(res) == 6 && res[0] == 1 {
 				delay := time.Duration(res[1]) * time.Microsecond
 				pr.sent, pr.read = sent.Add(delay), read.Add(delay)
 				pr.delay = res[1]

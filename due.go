@@ -66,11 +66,12 @@ func (m *middleware) sawLag(late time.Duration) {
 // its start was due if this process dies (and takes another unless it comes within
 // an interval of that one; see ratelimit.Limiter.TakeAs).
 func (m *middleware) parkUntil(tk *task, key string, due time.Time) time.Duration {
+	start := due
 	if m.rates != nil {
-		due = due.Add(-m.lead())
+		start = due.Add(-m.lead())
 	}
-	m.due.add(due, parkedTask{key: key, ticket: ticket(tk.meta.queue, tk.meta.id)})
-	return wholeSeconds(time.Until(due)+startEarly) + m.claim()
+	m.due.add(start, parkedTask{key: key, ticket: ticket(tk.meta.queue, tk.meta.id)})
+	return wholeSeconds(time.Until(due)) + m.claim()
 }
 
 // dueLoop starts the parked tasks of one middleware when they fall due. Its zero

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/asynqmutex/asynqmutex/ratelimit"
 )
 
 // dueRecorder is a dueLoop's start: it records the tickets started, in order.
@@ -213,4 +215,20 @@ func TestDueLoopDropsOnlyWhatWasSetBefore(t *testing.T) {
 		t.Fatalf("%d entries after dropping those set before now, want none", got)
 	}
 	idle(t, d)
+}
+
+// TestParkUntilFallsBackAfterItsTime: however early the lead has a parked task
+// started, its fallback comes a claim after its own time, never before.
+func TestParkUntilFallsBackAfterItsTime(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	r := newDueRecorder()
+	m := &middleware{config: config{ttl: 10 * time.Second}, due: newDueLoop(r.start), rates: &ratelimit.Limiter{}}
+	m.lag.Store(int64(5 * time.Second)) // a lead of a claim: tasks were coming late
+	tk := &task{meta: taskMeta{id: "i", queue: "q"}}
+	due := time.Now().Add(1500 * time.Millisecond)
+	if back := m.parkUntil(tk, "k", due); back < time.Until(due)+m.claim() {
+		t.Errorf("fallback %v, want at least the time to its start (%v) and a claim (%v)", back, time.Until(due), m.claim())
+	}
+	r.wait(t, 1) // started at once: its lead is longer than the time to its start
+	idle(t, m.due)
 }

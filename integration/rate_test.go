@@ -162,9 +162,13 @@ func TestRateTenants(t *testing.T) {
 				at := st.of(tenant)
 				most, where := mostInWindow(at, per)
 				drain := at[len(at)-1].Sub(at[0])
-				t.Logf("%s: %d starts; handlers saw at most %d in one %v window (at +%v) and a drain of %v (ideal %v)", tenant, len(at), most, per, where, drain, ideal)
-				if !lock && drain > ideal*12/10 {
-					t.Errorf("%s: drained in %v, want within 1.2 x the ideal %v", tenant, drain, ideal)
+				span := sched[len(sched)-1].Sub(sched[0])
+				t.Logf("%s: %d starts; handlers saw at most %d in one %v window (at +%v) and a drain of %v (Redis's schedule %v, ideal %v)", tenant, len(at), most, per, where, drain, span, ideal)
+				// The drain is the limiter's: the handlers follow the schedule Redis
+				// handed out, which on a quiet machine is the ideal (on a busy one,
+				// asynq dispatches the tasks late, and the schedule with them).
+				if !lock && drain > span+2*interval {
+					t.Errorf("%s: drained in %v, want within two intervals of Redis's schedule, %v", tenant, drain, span)
 				}
 			}
 		})

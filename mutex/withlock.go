@@ -247,7 +247,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 				// The lease has ended on our clock, and this renewal (one sent late, see
 				// below) could not extend it.
 				err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.what(), ErrNotHeld)
-				err = join(err, r.err)
+				err = join(err, renewCause(r.err))
 				cancel(err)
 				return err
 			default:
@@ -289,7 +289,7 @@ func (l *Lock) keepAlive(ctx context.Context, ttl time.Duration, cancel context.
 		if !now.Before(until) && !now.Before(late) {
 			err := fmt.Errorf("mutex: lease on %s ran out before it could be renewed: %w", l.what(), ErrNotHeld)
 			if lastErr != nil {
-				err = join(err, lastErr)
+				err = join(err, renewCause(lastErr))
 			}
 			cancel(err)
 			return err
@@ -317,3 +317,13 @@ func lateAnswer(every time.Duration) time.Duration {
 
 // maxRenewals is how many renewals of one lease keepAlive has on their way at once.
 const maxRenewals = 3
+
+// renewCause is what a failed renewal's error (Lock.Extend's, which names the key)
+// says beyond the key: joined to an error that names the key already, so that the
+// key is named once.
+func renewCause(err error) error {
+	if cause := errors.Unwrap(err); cause != nil {
+		return cause
+	}
+	return err
+}

@@ -402,7 +402,7 @@ func TestParkLimit(t *testing.T) {
 // in line and starts it, long before the parked tasks' own fallback (the TTL).
 func TestParkedLineResumesAtLeaseEnd(t *testing.T) {
 	t.Parallel()
-	const lease = 2 * time.Second
+	const lease = 3 * time.Second
 	e := newEnv(t)
 	r := newParkRecorder()
 	locks, _ := newLocks(t, e.opt)
@@ -423,10 +423,16 @@ func TestParkedLineResumesAtLeaseEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := time.Now()
-	for _, n := range []string{"p1", "p2"} {
+	// Each enqueued once the one before it is in the key's line, so that the line's
+	// order is theirs.
+	for i, n := range []string{"p1", "p2"} {
 		if _, err := e.cli.Enqueue(asynq.NewTask("park:task", payload(t, parkPayload{Key: "k", N: n})), asynq.TaskID(n), asynq.MaxRetry(5)); err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, lease/2, fmt.Sprintf("%s in the line", n), func() (bool, string) {
+			waiting, parked := lineOf(t, locks, key)
+			return waiting == i+1, fmt.Sprintf("%d waiting, %d parked", waiting, parked)
+		})
 	}
 	waitFor(t, parkTTL, "both tasks to run", func() (bool, string) {
 		got := r.ran()

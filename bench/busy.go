@@ -101,13 +101,14 @@ const (
 	backlogIdeal   = backlogTasks * time.Second / backlogRate
 
 	// InOrder behind a retry: retryKeys keys of two tasks each, enqueued with the
-	// Producer key after key; each key's first task fails once, and asynq retries it
-	// after retryDelay (its RetryDelayFunc for real failures). Key k's failing run
-	// takes k × retrySpread longer than a handler's, so that the failures, and the
-	// retries, spread over one DelayedTaskCheckInterval (5 s by default): asynq moves
-	// due retries back to the queue at each of its ticks, and the tasks of a batch
-	// that all failed at once would all meet the same tick, making a run's samples
-	// one sample.
+	// Producer key after key; each key's first task fails once (a handler's run), and
+	// asynq retries key k's after retryDelay + k × retrySpread (its RetryDelayFunc for
+	// real failures), so that the retries spread over one DelayedTaskCheckInterval (5 s
+	// by default): asynq moves due retries back to the queue at each of its ticks, and
+	// retries all due at once would all meet the same tick, making a run's samples one
+	// sample. The spread is in the delay, not in the failing runs: runs of up to 5 s
+	// would hold the fleet's 20 workers (125 worker-seconds over 5 s), and the figure
+	// would be asynq's queue waiting for a free worker, not the hand-over.
 	retryKeys   = 50
 	retryDelay  = 300 * time.Millisecond
 	retrySpread = 5 * time.Second / retryKeys
@@ -142,11 +143,10 @@ var busyModes = []busyMode{
 }
 
 // busyTask is a task of a batch: its tenant (the key), and whether its handler fails
-// on its first run, and after how long (a handler's work when zero).
+// on its first run (after its work).
 type busyTask struct {
-	tenant    string
-	fail      bool
-	failAfter time.Duration
+	tenant string
+	fail   bool
 }
 
 // busyWorkload is a busy-key scenario: its tasks in the order they are enqueued, the
@@ -197,8 +197,7 @@ func backlogWorkload() busyWorkload {
 func retryWorkload() busyWorkload {
 	var tasks []busyTask
 	for k := range retryKeys {
-		tasks = append(tasks, busyTask{tenant: tenant(k), fail: true, failAfter: busyWork + time.Duration(k)*retrySpread},
-			busyTask{tenant: tenant(k)})
+		tasks = append(tasks, busyTask{tenant: tenant(k), fail: true}, busyTask{tenant: tenant(k)})
 	}
 	return busyWorkload{tasks: tasks, ordered: true, figures: retryFigures,
 		// InOrder refuses Limit(n > 1); without the middleware there is no order.
@@ -207,7 +206,14 @@ func retryWorkload() busyWorkload {
 			return []asynqmutex.Option{asynqmutex.InOrder(insp)}
 		},
 		configure: func(cfg asynq.Config) asynq.Config {
-			cfg.RetryDelayFunc = func(int, error, *asynq.Task) time.Duration { return retryDelay }
+			cfg.RetryDelayFunc = func(_ int, _ error, t *asynq.Task) time.Duration {
+				var p busyPayload
+				if json.Unmarshal(t.Payload(), &p) != nil {
+					return retryDelay
+				}
+				k, _ := strconv.Atoi(strings.TrimPrefix(p.Tenant, "t"))
+				return retryDelay + time.Duration(k)*retrySpread
+			}
 			return cfg
 		}}
 }
@@ -436,8 +442,8 @@ func (l *busyLog) outer(next asynq.Handler) asynq.Handler {
 	})
 }
 
-// handle is the handler: it sleeps work, and fails on its first run, after
-// failAfter, if its task is one that fails once.
+// handle is the handler: it sleeps work, and then fails on its first run if its task
+// is one that fails once.
 func (l *busyLog) handle(ctx context.Context, t *asynq.Task, work time.Duration) error {
 	now := time.Now()
 	if in, ok := ctx.Value(inHandler{}).(*atomic.Bool); ok && in.CompareAndSwap(false, true) {
@@ -456,9 +462,6 @@ func (l *busyLog) handle(ctx context.Context, t *asynq.Task, work time.Duration)
 		l.failed[n] = true
 	}
 	l.mu.Unlock()
-	if fail && l.tasks[n].failAfter > 0 {
-		work = l.tasks[n].failAfter
-	}
 	if err := benchkit.Sleep(ctx, work); err != nil {
 		return err
 	}

@@ -64,7 +64,9 @@ func Burst(b int) Option {
 }
 
 // RateBy is Rate with a limit per task, for keys whose limits differ (a tenant's
-// plan): fn returns the limit of the task's key, or the zero Rate for no limit. It
+// plan): fn returns the limit of the task's key, or the zero Rate for no limit; its
+// Cost says what the task counts as (a task that makes 5 calls to an API limited to
+// 100 a minute: ratelimit.Rate{N: 100, Per: time.Minute, Cost: 5}). It
 // runs on the worker before each task takes its start, so it should be quick (cache
 // what it looks up) and must be safe for concurrent use; tasks of one key should get
 // one limit, and a new limit applies from the next start. An error from fn, or an

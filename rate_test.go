@@ -291,6 +291,31 @@ func TestRateBy(t *testing.T) {
 	assert.EqualError(t, err, `asynqmutex: task "sync": RateBy: plan store unreachable`)
 }
 
+// RateBy says what a task costs (ratelimit.Rate's Cost): of a burst of 4, a task of
+// cost 3 leaves room for one of cost 1, not for another of cost 3.
+func TestRateByCost(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	ran := map[string]int{}
+	h := Middleware(locks, On("tenant"), OnConflict(Skip), NoLock(), RateBy(func(_ context.Context, t *asynq.Task) (ratelimit.Rate, error) {
+		lim := ratelimit.Rate{N: 1, Per: time.Minute, Burst: 4}
+		if strings.Contains(string(t.Payload()), "heavy") {
+			lim.Cost = 3
+		}
+		return lim, nil
+	}))(asynq.HandlerFunc(func(_ context.Context, t *asynq.Task) error {
+		ran[string(t.Payload())]++
+		return nil
+	}))
+	heavy := asynq.NewTask("sync", []byte(`{"tenant":"a","size":"heavy"}`))
+	light := asynq.NewTask("sync", []byte(`{"tenant":"a","size":"light"}`))
+	for _, task := range []*asynq.Task{heavy, heavy, light, light} {
+		require.NoError(t, h.ProcessTask(ctx, task))
+	}
+	assert.Equal(t, 1, ran[string(heavy.Payload())], "a second task of cost 3 found 3 of the 4 starts spent")
+	assert.Equal(t, 1, ran[string(light.Payload())], "one start of the 4 was left after the task of cost 3")
+}
+
 // NoLock lets tasks of one key run at once, gated only by their starts.
 func TestNoLockRunsTogether(t *testing.T) {
 	locks, _ := newLocks(t)

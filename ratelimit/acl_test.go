@@ -15,7 +15,7 @@ const rateACLRules = "+zrange +zadd +zscore +zmscore +zrem +zremrangebyscore +pe
 
 // TestACLSuffices: a user with the worker rules, the function rules and the rate rules
 // that docs/operating.md gives, and nothing else, takes, waits for, cancels, pauses,
-// resumes and inspects, and with the operator's rules lists; without the rate rules
+// resumes, resets and inspects, and with the operator's rules lists; without the rate rules
 // it is refused (the control).
 func TestACLSuffices(t *testing.T) {
 	t.Parallel()
@@ -54,6 +54,7 @@ func TestACLSuffices(t *testing.T) {
 				{"Pause", func() error { _, err := l.Pause(ctx, key, lim, time.Second); return err }},
 				{"Take after Pause", func() error { _, err := l.Take(ctx, key, lim, 0); return err }},
 				{"Resume", func() error { _, err := l.Resume(ctx, key); return err }},
+				{"Reset", func() error { _, err := l.Reset(ctx, key); return err }},
 				{"Inspect", func() error { _, err := l.Inspect(ctx, key); return err }},
 				{"List", func() error {
 					for _, err := range l.List(ctx) {

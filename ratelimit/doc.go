@@ -23,6 +23,7 @@
 // start ahead for callers that sleep themselves, and Cancel gives one back; TakeAs
 // holds a start for a named caller that leaves and comes back for it. Pause
 // holds every start of a key for a while (an API answered 429 with Retry-After), the
-// starts already waiting included; Resume ends it. Inspect and List show a key's
+// starts already waiting included; Resume ends it. Reset forgets a key's starts. A
+// start may weigh more than one (Rate.Cost). Inspect and List show a key's
 // state for people. docs/ratelimit.md has the algorithm and its costs.
 package ratelimit

@@ -63,7 +63,8 @@ type Result struct {
 	// taken so far and a pause say: what Reserve's maxWait would have to be, and what
 	// a task sent back should wait.
 	Delay time.Duration
-	// Remaining is how many more starts could begin at once now.
+	// Remaining is how many more starts (of cost 1, see Rate.Cost) could begin at
+	// once now.
 	Remaining int
 	// Paused is how long the key's pause (see Pause) still holds it back; 0
 	// without one, or when starts taken since hold it back longer.
@@ -115,7 +116,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, lim Rate, maxWait tim
 // TakeAs) how late after its start was due the member's start is kept.
 func (l *Limiter) reserve(ctx context.Context, key string, lim Rate, m string, window, stale time.Duration) (Result, error) {
 	res, err := l.run.Run(ctx, takeScript, []string{redisKey(l.prefix, key)},
-		m, lim.interval(), lim.burst(), int64(window/time.Microsecond), int64(stale/time.Microsecond)).Int64Slice()
+		m, lim.interval(), lim.burst(), int64(window/time.Microsecond), int64(stale/time.Microsecond), lim.cost()).Int64Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("ratelimit: key %s: %w", show(key), err)
 	}
@@ -294,6 +295,20 @@ func (l *Limiter) Resume(ctx context.Context, key string) (bool, error) {
 		return false, fmt.Errorf("ratelimit: key %s: resume: %w", show(key), err)
 	}
 	return n == 1, nil
+}
+
+// Reset forgets every start of key, those taken ahead (Reserve, Take, TakeAs) too,
+// so that the key may start its whole burst at once, and returns how many it forgot.
+// A pause stays: Resume ends it. A start taken ahead and forgotten still begins when
+// its caller sleeps until it (Take) or comes back for it (TakeAs, which then takes a
+// new one); the limit counts it no more. A Reset go-redis sends again after a lost
+// reply forgets nothing more and returns 0. Safe for concurrent use.
+func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
+	n, err := l.run.Run(ctx, resetScript, []string{redisKey(l.prefix, key)}).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("ratelimit: key %s: reset: %w", show(key), err)
+	}
+	return int(n), nil
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

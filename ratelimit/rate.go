@@ -12,10 +12,20 @@ import (
 // With Burst 1, no window of length Per, wherever it falls, holds more than N
 // starts; with Burst b, no such window holds more than N+b-1, and a key idle for
 // b·Per/N may start b tasks at once. A Rate is a plain value, safe to share.
+//
+// Cost makes one start weigh more than one (a call that sends 5 requests to an API
+// limited to 100 a minute: Rate{N: 100, Per: time.Minute, Cost: 5}): the start then
+// counts as Cost starts of the key (the next start after it comes Cost·Per/N later;
+// Result.Remaining counts starts of cost 1). A start that costs more than Burst
+// waits, on an idle key too, until the part beyond the burst has passed, and begins
+// all its cost at once: a window of Per then holds up to N+k-1 of cost, k the
+// largest cost in it, where N+b-1 holds while no cost exceeds the burst b. Starts
+// of a key may have different costs.
 type Rate struct {
 	N     int           // starts per Per, at least 1
 	Per   time.Duration // at least 1ms, at most MaxPer
 	Burst int           // starts that may begin at once, 0 (meaning 1) to MaxBurst
+	Cost  int           // what this start counts as, 0 (meaning 1) to N·MaxPer/Per
 }
 
 // MaxPer is the longest interval a Rate may have, and MaxBurst its largest burst.
@@ -31,8 +41,9 @@ func PerSecond(n int) Rate { return Rate{N: n, Per: time.Second} }
 func PerMinute(n int) Rate { return Rate{N: n, Per: time.Minute} }
 
 // Validate returns an error saying what is wrong with l, or nil: N below 1, Per
-// outside [1ms, MaxPer], Burst outside [0, MaxBurst], or more than one start per
-// microsecond (the resolution of the server's clock).
+// outside [1ms, MaxPer], Burst outside [0, MaxBurst], more than one start per
+// microsecond (the resolution of the server's clock), or a Cost below 0 or worth
+// more than MaxPer of the key's starts.
 func (l Rate) Validate() error {
 	switch {
 	case l.N < 1:
@@ -43,15 +54,20 @@ func (l Rate) Validate() error {
 		return fmt.Errorf("ratelimit: limit %v: Burst outside [0, %d]", l, MaxBurst)
 	case l.Per/time.Microsecond < time.Duration(l.N):
 		return fmt.Errorf("ratelimit: limit %v: more than one start per microsecond", l)
+	case l.Cost < 0 || l.cost() > int64(MaxPer/time.Microsecond)/l.interval():
+		return fmt.Errorf("ratelimit: limit %v: Cost outside [0, %d], the starts of %v", l, int64(MaxPer/time.Microsecond)/l.interval(), MaxPer)
 	}
 	return nil
 }
 
-// String returns l as "50 per 1s" or "50 per 1s, burst 5".
+// String returns l as "50 per 1s", "50 per 1s, burst 5" or "50 per 1s, cost 3".
 func (l Rate) String() string {
 	s := fmt.Sprintf("%d per %v", l.N, l.Per)
 	if l.Burst > 1 {
 		s += fmt.Sprintf(", burst %d", l.Burst)
+	}
+	if l.Cost > 1 {
+		s += fmt.Sprintf(", cost %d", l.Cost)
 	}
 	return s
 }
@@ -72,6 +88,8 @@ func (l Rate) stale() time.Duration {
 }
 
 func (l Rate) burst() int64 { return int64(max(l.Burst, 1)) }
+
+func (l Rate) cost() int64 { return int64(max(l.Cost, 1)) }
 
 // ErrLimited means a start was not taken: the key's limit, or a pause, allows the
 // next start only later than the caller would wait. Wait returns it (wrapped, with

@@ -20,9 +20,10 @@ var (
 	confirmScript = script("confirm").Flag(store.AllowOOM) // writes only ZREM
 	pauseScript   = script("pause")
 	resumeScript  = script("resume").Flag(store.AllowOOM) // writes only ZREM
+	resetScript   = script("reset").Flag(store.AllowOOM)  // writes only ZREM
 	inspectScript = script("inspect").Flag(store.NoWrites)
 
-	scriptsLibrary = store.NewLibrary("asynqmutex_rate", takeScript, cancelScript, confirmScript, pauseScript, resumeScript, inspectScript)
+	scriptsLibrary = store.NewLibrary("asynqmutex_rate", takeScript, cancelScript, confirmScript, pauseScript, resumeScript, resetScript, inspectScript)
 )
 
 func script(name string) *store.Script {

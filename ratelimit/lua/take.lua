@@ -9,12 +9,13 @@
 --            microseconds after its start was due past which a start it finds again
 --            is given up and another taken; 0 for a call with a random identity,
 --            whose start found again is always its first run's
+-- ARGV[6] -> cost: how many starts this one counts as (Rate.Cost), at least 1
 --
 -- Returns {taken, delay, remaining, paused, found, late}: taken is 1 when the start
 -- was taken (by this call, by its first run when go-redis sent it again, or by an
 -- earlier call of a named caller); delay is the
 -- microseconds until the start may begin when taken, and otherwise until one could;
--- remaining is how many more could begin at once now; paused is the microseconds
+-- remaining is how many more of cost 1 could begin at once now; paused is the microseconds
 -- left of a pause that holds the key back, 0 without one; found is 1 when the call
 -- found a start taken before for its member (kept, or given up), and late then the
 -- microseconds after that start was due that the call came (negative: before).
@@ -27,7 +28,7 @@
 -- a start taken moves the member (ZADD XX) to its new TAT, which is above every TAT
 -- kept: neither lowers the key's TAT.
 local key, m = KEYS[1], ARGV[1]
-local interval, burst, window, stale = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
+local interval, burst, window, stale, cost = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0
 local t = now()
 local tau = burst * interval
 
@@ -39,7 +40,7 @@ if top[1] == PAUSE then
   paused = math.max(last - tau + interval - t, 0)
 end
 
-local new = tat + interval
+local new = tat + cost * interval
 local delay = new - tau - t
 if delay > window then
   local score = redis.call('ZSCORE', key, m)

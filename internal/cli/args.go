@@ -18,7 +18,7 @@ import (
 
 // invocation is a parsed command line.
 type invocation struct {
-	cmd  string   // list, show, release, rates, rate, pause, resume or order; "" when none was given
+	cmd  string   // list, show, release, rates, rate, pause, resume, reset or order; "" when none was given
 	args []string // the arguments after the command
 
 	uri, password, clusterAddrs, tlsServer, prefix, task string
@@ -141,12 +141,12 @@ func isBoolFlag(f *flag.Flag) bool {
 // validate rejects flags and arguments that do not fit together.
 func (inv *invocation) validate() error {
 	switch inv.cmd {
-	case "", "list", "show", "release", "rates", "rate", "pause", "resume", "order":
+	case "", "list", "show", "release", "rates", "rate", "pause", "resume", "reset", "order":
 	case "help":
 		inv.help = true
 		return nil
 	default:
-		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause, resume and order", shortkey.Quote(inv.cmd))
+		return usagef("unknown command %s; the commands are list, show, release, rates, rate, pause, resume, reset and order", shortkey.Quote(inv.cmd))
 	}
 	switch inv.cmd {
 	case "list":
@@ -161,7 +161,7 @@ func (inv *invocation) validate() error {
 			return usagef("rates takes no arguments, got %s; to see one key, run 'asynqmutex rate KEY'", shortkey.Quote(inv.args[0]))
 		}
 		if inv.set["task"] {
-			return usagef("--task goes with rate, pause and resume, not rates")
+			return usagef("--task goes with rate, pause, resume and reset, not rates")
 		}
 	}
 	if inv.set["skip"] && inv.cmd != "order" {
@@ -237,7 +237,7 @@ func (inv *invocation) validatePause() error {
 	return nil
 }
 
-// targetKey returns the key show, release, rate, pause, resume and order act on:
+// targetKey returns the key show, release, rate, pause, resume, reset and order act on:
 // the argument, or with --task the key On derives. It returns "" for list, rates
 // and order --blocked.
 func (inv *invocation) targetKey() (string, error) {

@@ -13,7 +13,7 @@ import (
 // Run runs the command with args (without the program name), reading the
 // environment through env (os.Getenv) and writing to stdout and stderr. It returns
 // the exit status: 0 success, 1 Redis unreachable or failing (or the key asked for
-// not found, or nothing to release, resume or skip), 2 a usage error. Safe for
+// not found, or nothing to release, resume, reset or skip), 2 a usage error. Safe for
 // concurrent use.
 func Run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	return run(ctx, args, env, stdout, stderr)
@@ -22,7 +22,7 @@ func Run(ctx context.Context, args []string, env func(string) string, stdout, st
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // Redis unreachable or failing, the key not found, or nothing to release, resume or skip
+	exitFailure = 1 // Redis unreachable or failing, the key not found, or nothing to release, resume, reset or skip
 	exitUsage   = 2
 )
 
@@ -125,13 +125,15 @@ func execute(ctx context.Context, inv *invocation, env func(string) string, stdo
 			return conn.explain(orderSkip(ctx, conn.orders, key, inv.skip, out, stderr))
 		}
 		return conn.explain(orderShow(ctx, conn.orders, forms, inv.givenKey(), out, stderr))
+	case "reset":
+		return conn.explain(reset(ctx, conn.rates, key, inv.givenKey(), out, stderr))
 	default: // resume
 		return conn.explain(resume(ctx, conn.rates, key, inv.givenKey(), out, stderr))
 	}
 }
 
 const usage = `asynqmutex shows and releases the Redis locks of asynqmutex (package mutex),
-shows, pauses and resumes its rate limits (package ratelimit), and shows the order
+shows, pauses, resumes and resets its rate limits (package ratelimit), and shows the order
 of a key's tasks (package order).
 
 Usage:
@@ -144,6 +146,7 @@ Usage:
   asynqmutex [flags] rate KEY | --task TYPE [VALUE...]
   asynqmutex [flags] pause --for D [--every D] [--burst N] KEY | --task TYPE [VALUE...]
   asynqmutex [flags] resume KEY | --task TYPE [VALUE...]
+  asynqmutex [flags] reset KEY | --task TYPE [VALUE...]
   asynqmutex [flags] order [--skip N] KEY | --task TYPE [VALUE...]
   asynqmutex [flags] order --blocked [--asynq_uri ADDR]
   asynqmutex help
@@ -170,6 +173,8 @@ Commands:
            Redis remembers for the key unless --every and --burst give it (needed
            for a key Redis remembers no start of). A longer hold stays.
   resume   end a key's pause now; starts already taken keep their times
+  reset    forget a key's starts, those taken ahead too: its whole burst may
+           begin now. A pause stays (resume ends it)
   order    a key's order (InOrder, package order): the place whose turn it is,
            the task that holds it (ID, queue, how long ago it took its place),
            places taken and not finished, places skipped. With --skip N, move
@@ -196,7 +201,7 @@ Keys:
   and name the other ("Other form"); quoted, only the string is looked up.
   When Redis has none of the forms, show, rate and order exit 1 and list the
   keys of the same task type it has (held, limited, ordered), with the --task
-  form of each. release and resume act on the key built, in no other form, and
+  form of each. release, resume and reset act on the key built, in no other form, and
   list the same when they find nothing to do. A rate limit's and an order's key
   are named as the lock's is.
 
@@ -215,7 +220,7 @@ Flags (before or after the command):
                          (default "asynqmutex:")
       --json             print one JSON document: durations in ms, RFC 3339 times
       --force            release: take the lock from its holder
-      --task TYPE        show, release, rate, pause, resume, order: the key of a task
+      --task TYPE        show, release, rate, pause, resume, reset, order: the key of a task
                          of type TYPE
       --for D            pause: how long (30s, 5m)
       --every D          pause: the key's spacing of starts (100ms; 1m/N for
@@ -234,10 +239,10 @@ Environment:
 
 Exit status: 0 success, 1 Redis unreachable or failing, or the key not found
 (show: nobody holds it; rate: Redis remembers nothing of it; order: it has no
-order), or nothing to release, resume or skip, or order --blocked found a stuck
+order), or nothing to release, resume, reset or skip, or order --blocked found a stuck
 key (its task in a queue no server reads; other blocked keys exit 0), 2 usage
 error.
-With --json, show, rate, order, release and resume print their document also
+With --json, show, rate, order, release, resume and reset print their document also
 when they exit 1 for the key, and order --blocked its array.
 
 order --blocked --json prints an array, one object per key: key, digested,

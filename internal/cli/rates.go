@@ -239,6 +239,52 @@ func resume(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *pr
 	return nil
 }
 
+// reset forgets key's starts (ratelimit.Limiter.Reset): its whole burst may begin
+// now. A key with no start to forget is nothing to reset: told on stderr, with the
+// limited keys near it when Redis remembers nothing of it, exit 1.
+func reset(ctx context.Context, rl *ratelimit.Limiter, key, given string, p *printer, stderr io.Writer) error {
+	before, key, err := inspectRate(ctx, rl, key, given)
+	if err != nil {
+		return err
+	}
+	forgot, err := rl.Reset(ctx, key)
+	if err != nil {
+		return err
+	}
+	after, err := rl.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	var near *nearby
+	if forgot == 0 && !remembered(before) {
+		if near, err = findRateNearby(ctx, rl, key); err != nil {
+			return err
+		}
+	}
+	if p.json {
+		if err := p.encode(resetJSON{Key: key, Forgotten: forgot, State: rateJSONOf(after), Nearby: rateNearbyOf(near)}); err != nil {
+			return err
+		}
+	}
+	if forgot == 0 {
+		fmt.Fprintf(stderr, "asynqmutex: nothing to reset: Redis remembers no start of %s under prefix %s\n", quoteKey(key), strconv.Quote(p.prefix))
+		if near != nil {
+			near.writeAs(stderr, p.prefix, rateWords)
+		}
+		return errReported
+	}
+	if p.json {
+		return nil
+	}
+	fmt.Fprintf(p.w, "Reset %s: forgot %d %s.\n", quoteKey(key), forgot, plural(forgot, "start", "starts"))
+	if after.Paused > 0 {
+		fmt.Fprintf(p.w, "It is still paused for %s: 'asynqmutex resume %s' ends that.\n", human(after.Paused), taskArgs(key))
+	} else {
+		fmt.Fprintf(p.w, "Its starts may begin now.\n")
+	}
+	return nil
+}
+
 // inspectRate reads key's state, or, when Redis remembers nothing of key and given
 // (the KEY as typed) differs, given's if Redis remembers that: a key of KeyBy's that
 // only looks like the middleware's. It returns the state and the key it is of.
@@ -328,6 +374,14 @@ type pauseJSON struct {
 	HeldBackMS int64   `json:"held_back_ms"` // until a start may begin
 	IntervalMS float64 `json:"interval_ms"`  // the limit the pause was kept under
 	Burst      int     `json:"burst"`
+}
+
+// resetJSON is reset's --json document.
+type resetJSON struct {
+	Key       string      `json:"key"`
+	Forgotten int         `json:"forgotten"` // starts forgotten; 0: nothing changed
+	State     rateJSON    `json:"state"`     // the key after
+	Nearby    *rateNearby `json:"nearby,omitempty"`
 }
 
 type resumeJSON struct {

@@ -351,7 +351,7 @@ func TestRateUsage(t *testing.T) {
 		want string
 	}{
 		{[]string{"rates", "k", uri}, "rates takes no arguments, got \"k\"; to see one key, run 'asynqmutex rate KEY'"},
-		{[]string{"rates", "--task", "t", uri}, "--task goes with rate, pause and resume, not rates"},
+		{[]string{"rates", "--task", "t", uri}, "--task goes with rate, pause, resume and reset, not rates"},
 		{[]string{"rate", uri}, "rate needs a KEY, or --task TYPE [VALUE...]; 'asynqmutex rates' lists every limited key"},
 		{[]string{"resume", uri}, "resume needs a KEY"},
 		{[]string{"resume", "a", "b", uri}, "takes one KEY"},
@@ -362,7 +362,7 @@ func TestRateUsage(t *testing.T) {
 		{[]string{"pause", "--for", "1s", "--force", "k", uri}, "--force goes with release only"},
 		{[]string{"rate", "--for", "1s", "k", uri}, "--for goes with pause only"},
 		{[]string{"show", "--every", "1s", "k", uri}, "--every goes with pause only"},
-		{[]string{"ratez"}, "the commands are list, show, release, rates, rate, pause, resume and order"},
+		{[]string{"ratez"}, "the commands are list, show, release, rates, rate, pause, resume, reset and order"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -419,4 +419,40 @@ func is(want string) func(string) bool { return func(s string) bool { return s =
 func aboutMS(ms int64, d time.Duration) bool {
 	got := time.Duration(ms) * time.Millisecond
 	return got <= d+time.Millisecond && got >= d-2*time.Second
+}
+
+// TestReset forgets a key's starts, keeps a pause, and finds nothing to reset in a
+// key Redis remembers no start of.
+func TestReset(t *testing.T) {
+	t.Parallel()
+	f := newRateFixture(t)
+	ctx := ctxT(t)
+
+	r := mustRun(t, "reset", f.uri, "--task", "payment:capture", "c-42")
+	t.Logf("asynqmutex reset --task payment:capture c-42:\n%s", r.stdout)
+	if r.stdout != "Reset "+f.pay+": forgot 3 starts.\nIts starts may begin now.\n" || r.stderr != "" {
+		t.Errorf("reset: %v\nwant 3 starts forgotten", r)
+	}
+	if st, err := f.rl.Inspect(ctx, f.pay); err != nil || st.Starts != 0 {
+		t.Errorf("after reset: %+v, %v; want no start remembered", st, err)
+	}
+	allow(t, f.rl, f.pay, f.payLim, 5) // the whole burst again
+
+	r = mustRun(t, "reset", "--json", f.uri, f.mail)
+	var doc resetJSON
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || doc.Key != f.mail || doc.Forgotten != 1 || doc.State.PausedMS < 59000 {
+		t.Errorf("reset --json of a paused key = %s (%v); want 1 forgotten, the pause kept", r.stdout, err)
+	}
+	r = mustRun(t, "reset", f.uri, f.long)
+	if !strings.Contains(r.stdout, "forgot 1 start.") {
+		t.Errorf("reset of one start:\n%s", r.stdout)
+	}
+
+	r = cli(t, nil, "reset", f.uri, f.sms) // paused before any start: no start to forget
+	if r.code != exitFailure || r.stdout != "" || !strings.Contains(r.stderr, "nothing to reset: Redis remembers no start of "+f.sms) {
+		t.Errorf("reset of a key with no start: %v\nwant exit 1 and nothing to reset", r)
+	}
+	if st, err := f.rl.Inspect(ctx, f.sms); err != nil || st.Paused < 59*time.Second {
+		t.Errorf("the pause of %s after reset: %+v, %v; want kept", f.sms, st, err)
+	}
 }

@@ -33,6 +33,18 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	switch park := m.parking(ctx, tk); {
 	case tk.keys != nil:
 		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held, m.startWith)
+	case park != nil && m.rates != nil && m.parksUntil(ctx, tk):
+		// A task whose start comes later parks until it, not in the lock's line (see
+		// startLater): a first attempt takes the lock if it is free, or handed to the
+		// task, and queues nobody.
+		tkt := mutex.Park(ticket(tk.meta.queue, tk.meta.id), m.claim(), mutex.ParkNever)
+		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, tkt, mutex.MaxWait(0), held, m.limitOpt, m.startWith)
+		if !entered && errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil {
+			if later := m.startLater(ctx, tk); later != nil {
+				return later
+			}
+			err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.limitOpt, m.startWith)
+		}
 	case park != nil:
 		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.limitOpt, m.startWith)
 	default:

@@ -34,9 +34,12 @@ import (
 // ratelimit.ErrLimited.
 //
 // A task takes its lock first and its start second, holding the lock while it waits
-// for the start: a task that meets a busy lock spends no start, and waiting with the
-// lock costs nothing, since the key's rate is then what binds. With NoLock a task
-// takes its start only. A handler can pause its key fleet-wide with PauseKey.
+// for the start: waiting with the lock costs nothing, since the key's rate is then
+// what binds. Under Park a task that meets its lock busy takes its start ahead, and
+// parks until it when it comes later than the task would wait, rather than in the
+// lock's line, whose hand-over would only bring it back to park again for its start;
+// otherwise it joins the line, its start held for it. With NoLock a task takes its
+// start only. A handler can pause its key fleet-wide with PauseKey.
 //
 // The default is no rate limit. Rate panics if n is below 1 or per is outside
 // [1ms, ratelimit.MaxPer], or if per/n is below a microsecond; Middleware panics if
@@ -108,6 +111,18 @@ func (c *config) checkRate() {
 	c.rate.Burst = c.burst
 }
 
+// rateOf is task tk's rate limit (limitOf), asked once per run and kept in tk.
+func (m *middleware) rateOf(ctx context.Context, tk *task) (ratelimit.Rate, error) {
+	if tk.limSet {
+		return tk.lim, nil
+	}
+	lim, err := m.limitOf(ctx, tk.Task, tk.meta.id)
+	if err == nil {
+		tk.lim, tk.limSet = lim, true
+	}
+	return lim, err
+}
+
 // limitOf is the rate limit of task t: Rate's, or RateBy's answer; the zero Rate
 // for none.
 func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (ratelimit.Rate, error) {
@@ -135,11 +150,10 @@ func (m *middleware) limitOf(ctx context.Context, t *asynq.Task, id string) (rat
 // ends, without a start; one whose start is due later for other reasons is sent
 // back.
 func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.Context) error) error {
-	lim, err := m.limitOf(ctx, tk.Task, tk.meta.id)
+	lim, err := m.rateOf(ctx, tk)
 	if err != nil {
 		return &wrapError{msg: oneLine(err), err: err}
 	}
-	tk.lim = lim
 	if lim == (ratelimit.Rate{}) {
 		return next(ctx)
 	}
@@ -147,32 +161,15 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 	park := m.parksUntil(ctx, tk)
 	if park {
 		// A start within the lead is waited for here: parking would take longer.
-		r, err = m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), max(m.waitLeft(ctx, tk), m.lead()), m.hold())
-		if err == nil && r.Found {
-			m.sawLag(r.Late)
-		}
+		r, err = m.takeAs(ctx, tk, lim, max(m.waitLeft(ctx, tk), m.lead()))
 	} else {
 		r, err = m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
 	}
 	switch {
 	case err != nil:
-		what := "taking its start under the rate limit of key " + shortkey.Show(tk.key)
-		if ctx.Err() != nil {
-			what = "waiting for its start under the rate limit of key " + shortkey.Show(tk.key)
-		}
-		return &wrapError{
-			msg: fmt.Sprintf("asynqmutex: task %s%s: %s: %s", shortkey.Quote(tk.Type()), idSuffix(tk.meta.id), what, oneLine(err)),
-			err: err,
-		}
+		return m.rateFailed(ctx, tk, err)
 	case !r.Allowed:
-		ref := &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
-		switch {
-		case r.Held: // its start is reserved: it parks until then
-			ref.parked, ref.due = true, time.Now().Add(r.Delay)
-		case park && r.Paused > m.hold(): // paused too long to reserve a start after it
-			ref.parked, ref.due = true, time.Now().Add(r.Paused)
-		}
-		return ref
+		return m.notYet(tk, lim, r, park)
 	case r.Delay > 0:
 		m.emit(ctx, Event{Op: OpRateWaited, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Wait: r.Delay})
 	}
@@ -180,6 +177,70 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 		m.due.drop(ticket(tk.meta.queue, tk.meta.id)) // in case it came before its start fell due
 	}
 	return next(ctx)
+}
+
+// startLater is, for task tk that met its key's lock (or slots) busy and may park,
+// a refusal that parks it until its start when its key's rate, or a pause, holds it
+// back past what the rate gate would wait for (its wait left, at least the lead): it waits for its start outside the lock's line, and takes the
+// lock when the start is due, rather than be handed the lock first only to park
+// again for its start (a task through asynq once more, and every task behind it in
+// the line handed the lock, started and parked again in turn). It returns nil when
+// the start comes sooner, or the task may not park: the task joins the lock's line, and the start it took (now,
+// or within the lead) stays held for it, honoured if it gets the lock within an
+// interval of it (ratelimit.Limiter.TakeAs). A task with no rate limit gets nil.
+func (m *middleware) startLater(ctx context.Context, tk *task) error {
+	lim, err := m.rateOf(ctx, tk)
+	if err != nil {
+		return &wrapError{msg: oneLine(err), err: err}
+	}
+	if lim == (ratelimit.Rate{}) {
+		return nil
+	}
+	r, err := m.takeAs(ctx, tk, lim, 0)
+	switch {
+	case err != nil:
+		return m.rateFailed(ctx, tk, err)
+	case r.Allowed || r.Held && r.Delay <= max(m.waitLeft(ctx, tk), m.lead()):
+		return nil
+	}
+	return m.notYet(tk, lim, r, true)
+}
+
+// takeAs takes task tk's start under lim, reserved under its ticket, waiting for it
+// up to maxWait (ratelimit.Limiter.TakeAs, held up to hold), and records how late a
+// task that parked until its start came for it.
+func (m *middleware) takeAs(ctx context.Context, tk *task, lim ratelimit.Rate, maxWait time.Duration) (ratelimit.Result, error) {
+	r, err := m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), maxWait, m.hold())
+	if err == nil && r.Found {
+		m.sawLag(r.Late)
+	}
+	return r, err
+}
+
+// notYet is the refusal of task tk, not started under lim (r): it parks until its
+// reserved start, or, when park, until its key's pause ends if that is beyond what it
+// may reserve; otherwise it is sent back.
+func (m *middleware) notYet(tk *task, lim ratelimit.Rate, r ratelimit.Result, park bool) *refusal {
+	ref := &refusal{op: OpLimited, le: &LockedError{Key: tk.key, limited: &limited{lim: lim, delay: r.Delay, paused: r.Paused}}}
+	switch {
+	case r.Held: // its start is reserved: it parks until then
+		ref.parked, ref.due = true, time.Now().Add(r.Delay)
+	case park && r.Paused > m.hold(): // paused too long to reserve a start after it
+		ref.parked, ref.due = true, time.Now().Add(r.Paused)
+	}
+	return ref
+}
+
+// rateFailed is the error of task tk whose start Redis could not give (err).
+func (m *middleware) rateFailed(ctx context.Context, tk *task, err error) error {
+	what := "taking its start under the rate limit of key " + shortkey.Show(tk.key)
+	if ctx.Err() != nil {
+		what = "waiting for its start under the rate limit of key " + shortkey.Show(tk.key)
+	}
+	return &wrapError{
+		msg: fmt.Sprintf("asynqmutex: task %s%s: %s: %s", shortkey.Quote(tk.Type()), idSuffix(tk.meta.id), what, oneLine(err)),
+		err: err,
+	}
 }
 
 // limited is why a task did not start under its rate limit: its next start comes

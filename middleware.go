@@ -122,7 +122,10 @@ type middleware struct {
 // gates is the path every task takes, its gates in their true order: its key is
 // derived; it waits for its turn in its key's order (InOrder); it takes its key's
 // lock, or one of its Limit(n) slots (unless NoLock); it takes its start under its
-// key's rate (Rate, RateBy). Past the last gate its handler runs. A gate passes the
+// key's rate (Rate, RateBy). Past the last gate its handler runs. (One step crosses
+// over: under Park a task that meets its lock busy asks the rate gate whether its
+// start comes later, and then parks until it rather than in the lock's line; see
+// startLater.) A gate passes the
 // task on, refuses it with a *refusal (its key is busy: busy.go decides what that
 // costs the task), or fails it; outcome makes the task's result of what happened.
 func (m *middleware) gates() []gate {
@@ -160,8 +163,9 @@ type task struct {
 	pastCap  *conflicts.Record // past a reschedule cap with no retry left: a conflict fails
 	wait     time.Duration     // how long, from start, it may wait for its key in all
 
-	place *placed        // its place in its key's order, once its turn came (InOrder)
-	lim   ratelimit.Rate // its rate limit; zero for none
+	place  *placed        // its place in its key's order, once its turn came (InOrder)
+	lim    ratelimit.Rate // its rate limit; zero for none
+	limSet bool           // lim is known (rateOf)
 
 	ran       bool  // its handler ran
 	result    error // what its handler returned

@@ -188,3 +188,39 @@ func TestCostWindowBound(t *testing.T) {
 		t.Error("no window held more than N + Burst - 1: the control did not trip, and the bound was not tested where it differs")
 	}
 }
+
+// TestInspectAhead: Inspect counts the starts reserved ahead (taken, not yet begun),
+// and says when the last of them begins; starts begun, and a pause, are not counted.
+func TestInspectAhead(t *testing.T) {
+	t.Parallel()
+	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	lim := Rate{N: 1, Per: time.Minute, Burst: 2}
+	allow(t, l, key, lim, 2) // the burst: begun
+	if st, err := l.Inspect(ctx, key); err != nil || st.Ahead != 0 || st.LastDue != 0 {
+		t.Fatalf("Inspect after two starts begun = %+v, %v; want none ahead", st, err)
+	}
+	for i := range 3 {
+		if _, err := l.TakeAs(ctx, key, lim, "task-"+string(rune('a'+i)), 0, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := l.Inspect(ctx, key)
+	if err != nil || st.Starts != 5 || st.Ahead != 3 || st.LastDue < 179*time.Second || st.LastDue > 3*time.Minute {
+		t.Fatalf("Inspect with three starts reserved = %+v, %v; want 5 remembered, 3 ahead, the last in about 3m", st, err)
+	}
+	if _, err := l.Pause(ctx, key, lim, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.Inspect(ctx, key); err != nil || st.Ahead != 3 {
+		t.Errorf("Inspect after a pause = %+v, %v; want still 3 ahead, the pause not counted", st, err)
+	}
+}
+
+func allow(t *testing.T, l *Limiter, key string, lim Rate, n int) {
+	t.Helper()
+	for i := range n {
+		if r, err := l.Allow(context.Background(), key, lim); err != nil || !r.Allowed {
+			t.Fatalf("Allow #%d = %+v, %v; want allowed", i+1, r, err)
+		}
+	}
+}

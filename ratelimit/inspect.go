@@ -33,6 +33,12 @@ type State struct {
 	// seconds and those reserved ahead (with a mark for each start given back and
 	// each Resume of that time, which the count includes).
 	Starts int
+	// Ahead is how many of Starts begin later than now: starts reserved for
+	// callers that wait for them (tasks parked until their start, callers asleep
+	// in Take), as read under the latest start's limit; LastDue is how long until
+	// the last of them begins (0 without one).
+	Ahead   int
+	LastDue time.Duration
 }
 
 // Inspect returns key's state. A key never limited, or idle long enough to be
@@ -52,12 +58,12 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (State, error) {
 func (l *Limiter) state(rkey string, res []any) (State, error) {
 	st := State{RedisKey: rkey}
 	st.Key, st.Digested = keyOf(l.prefix, rkey)
-	if len(res) != 5 {
+	if len(res) != 6 {
 		return st, fmt.Errorf("ratelimit: inspect %s: unexpected reply %v", show(st.Key), res)
 	}
 	now, pause, score := number(res[0]), number(res[1]), number(res[3])
 	latest, _ := res[2].(string)
-	st.Starts = int(number(res[4]))
+	st.Starts, st.Ahead = int(number(res[4])), int(number(res[5]))
 	interval, burst, ok := memberLimit(latest)
 	if !ok { // no start remembered: the pause alone, read as under a burst of 1
 		interval, burst = time.Microsecond, 1
@@ -71,6 +77,9 @@ func (l *Limiter) state(rkey string, res []any) (State, error) {
 	}
 	tat := max(score, pause, now)
 	st.Full = micros(tat - now)
+	if st.Ahead > 0 {
+		st.LastDue = micros(max(score-tau-now, 0))
+	}
 	if ok {
 		st.Remaining = int(max((now+tau-tat)/iv, 0))
 	}

@@ -165,7 +165,8 @@ Commands:
            start every EVERY, up to BURST at once), starts that may begin now,
            time until the next start, until the burst is full again (reset),
            pause left, starts Redis remembers (those of the last 10 to 20 s
-           and those reserved ahead)
+           and those reserved ahead), and of those the starts reserved ahead,
+           each for a task that waits for it (parked, or in its worker)
   rate     one rate-limited key in full; a key Redis remembers nothing of is
            idle (its next start free now), or not the key meant
   pause    let no start of a key begin for --for, on every worker; after it,

@@ -43,7 +43,7 @@ func rates(ctx context.Context, rl *ratelimit.Limiter, p *printer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tEVERY\tBURST\tREMAINING\tNEXT\tRESET\tPAUSED\tSTARTS")
+	fmt.Fprintln(tw, "KEY\tEVERY\tBURST\tREMAINING\tNEXT\tRESET\tPAUSED\tSTARTS\tAHEAD")
 	for _, st := range all {
 		every, burst := "-", "-"
 		if st.Interval > 0 {
@@ -53,8 +53,8 @@ func rates(ctx context.Context, rl *ratelimit.Limiter, p *printer) error {
 		if st.Paused > 0 {
 			paused = human(st.Paused)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", rateTableKey(st), every, burst, st.Remaining,
-			until(st.Next), until(st.Full), paused, st.Starts)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%d\n", rateTableKey(st), every, burst, st.Remaining,
+			until(st.Next), until(st.Full), paused, st.Starts, st.Ahead)
 	}
 	return tw.Flush()
 }
@@ -122,6 +122,12 @@ func (p *printer) rateText(st ratelimit.State, all []found[ratelimit.State], sho
 		field("Paused:", "no")
 	}
 	field("Remembered:", "%d %s: those begun in the last 10 to 20 s, and those reserved ahead", st.Starts, plural(st.Starts, "start", "starts"))
+	if st.Ahead > 0 {
+		field("Ahead:", "%d %s reserved for tasks that wait for them (parked until their start, or in their worker); the last begins in %s",
+			st.Ahead, plural(st.Ahead, "start", "starts"), human(st.LastDue))
+	} else {
+		field("Ahead:", "no start reserved: no task waits for one")
+	}
 	field("Redis key:", "%s", printable(st.RedisKey))
 	writeOthers(p.w, all, shown, rateWords)
 }
@@ -349,13 +355,15 @@ type rateJSON struct {
 	ResetMS    int64   `json:"reset_ms"`  // until every start of the burst is free
 	PausedMS   int64   `json:"paused_ms"` // until the pause ends; 0 without one
 	Starts     int     `json:"starts"`    // starts remembered
+	Ahead      int     `json:"ahead"`     // of those, reserved to begin later
+	LastDueMS  int64   `json:"last_due_ms"`
 }
 
 func rateJSONOf(st ratelimit.State) rateJSON {
 	return rateJSON{
 		Key: st.Key, Digested: st.Digested, IntervalMS: intervalMS(st.Interval), Burst: st.Burst,
 		Remaining: st.Remaining, NextMS: ceilMS(st.Next), ResetMS: ceilMS(st.Full), PausedMS: ceilMS(st.Paused),
-		Starts: st.Starts,
+		Starts: st.Starts, Ahead: st.Ahead, LastDueMS: ceilMS(st.LastDue),
 	}
 }
 

@@ -62,6 +62,10 @@ func newRateFixture(t *testing.T) *rateFixture {
 func TestRatesList(t *testing.T) {
 	t.Parallel()
 	f := newRateFixture(t)
+	// A task parks until a start of the long key, reserved a minute from now.
+	if r, err := f.rl.TakeAs(ctxT(t), f.long, f.slow, "parked-task", 0, time.Hour); err != nil || !r.Held {
+		t.Fatalf("TakeAs = %+v, %v; want a start held ahead", r, err)
+	}
 
 	r := mustRun(t, "rates", f.uri)
 	t.Logf("asynqmutex rates:\n%s", r.stdout)
@@ -69,7 +73,7 @@ func TestRatesList(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("rates printed %d lines, want a header and 4 keys:\n%s", len(lines), r.stdout)
 	}
-	if got := strings.Join(strings.Fields(lines[0]), " "); got != "KEY EVERY BURST REMAINING NEXT RESET PAUSED STARTS" {
+	if got := strings.Join(strings.Fields(lines[0]), " "); got != "KEY EVERY BURST REMAINING NEXT RESET PAUSED STARTS AHEAD" {
 		t.Errorf("header = %q", got)
 	}
 	// Sorted by key; the long key by its first 64 bytes, marked.
@@ -77,19 +81,19 @@ func TestRatesList(t *testing.T) {
 	want := []struct {
 		key, every, burst, remaining string
 		next, reset, paused          func(string) bool
-		starts                       string
+		starts, ahead                string
 	}{
-		{`["email:send","t-1"]`, "1m", "2", "0", about(time.Minute), about(2 * time.Minute), about(time.Minute), "1"},
-		{`["payment:capture","c-42"]`, "1m", "5", "2", is("now"), about(3 * time.Minute), is("-"), "3"},
-		{longShown, "1m", "1", "0", about(time.Minute), about(time.Minute), is("-"), "1"},
-		{`["sms:send","t-1"]`, "-", "-", "0", about(time.Minute), about(time.Minute), about(time.Minute), "0"},
+		{`["email:send","t-1"]`, "1m", "2", "0", about(time.Minute), about(2 * time.Minute), about(time.Minute), "1", "0"},
+		{`["payment:capture","c-42"]`, "1m", "5", "2", is("now"), about(3 * time.Minute), is("-"), "3", "0"},
+		{longShown, "1m", "1", "0", about(2 * time.Minute), about(2 * time.Minute), is("-"), "2", "1"},
+		{`["sms:send","t-1"]`, "-", "-", "0", about(time.Minute), about(time.Minute), about(time.Minute), "0", "0"},
 	}
 	for i, w := range want {
 		got := strings.Fields(lines[i+1])
-		if len(got) != 8 || got[0] != w.key || got[1] != w.every || got[2] != w.burst || got[3] != w.remaining ||
-			!w.next(got[4]) || !w.reset(got[5]) || !w.paused(got[6]) || got[7] != w.starts {
-			t.Errorf("rates line %d = %q, want key %s, every %s, burst %s, %s remaining, %s starts and the times about right",
-				i+1, lines[i+1], w.key, w.every, w.burst, w.remaining, w.starts)
+		if len(got) != 9 || got[0] != w.key || got[1] != w.every || got[2] != w.burst || got[3] != w.remaining ||
+			!w.next(got[4]) || !w.reset(got[5]) || !w.paused(got[6]) || got[7] != w.starts || got[8] != w.ahead {
+			t.Errorf("rates line %d = %q, want key %s, every %s, burst %s, %s remaining, %s starts, %s ahead and the times about right",
+				i+1, lines[i+1], w.key, w.every, w.burst, w.remaining, w.starts, w.ahead)
 		}
 	}
 
@@ -110,15 +114,15 @@ func TestRatesList(t *testing.T) {
 		!aboutMS(pay.ResetMS, 3*time.Minute) || pay.PausedMS != 0 || pay.Starts != 3 {
 		t.Errorf("rates --json, key with starts left = %+v", pay)
 	}
-	if long.Key != f.long[:64] || !long.Digested || long.Starts != 1 {
-		t.Errorf("rates --json, long key = %+v; want its first 64 bytes, digested", long)
+	if long.Key != f.long[:64] || !long.Digested || long.Starts != 2 || long.Ahead != 1 || !aboutMS(long.LastDueMS, time.Minute) {
+		t.Errorf("rates --json, long key = %+v; want its first 64 bytes, digested, one start of two ahead, due in a minute", long)
 	}
 	if sms.Key != f.sms || sms.IntervalMS != 0 || sms.Burst != 0 || !aboutMS(sms.PausedMS, time.Minute) || sms.Starts != 0 {
 		t.Errorf("rates --json, key paused without a start = %+v", sms)
 	}
 	// The document's field names are the interface scripts read.
 	for _, name := range []string{`"prefix"`, `"rates"`, `"key"`, `"digested"`, `"interval_ms"`, `"burst"`, `"remaining"`,
-		`"next_ms"`, `"reset_ms"`, `"paused_ms"`, `"starts"`} {
+		`"next_ms"`, `"reset_ms"`, `"paused_ms"`, `"starts"`, `"ahead"`, `"last_due_ms"`} {
 		if !strings.Contains(r.stdout, name+":") {
 			t.Errorf("rates --json lacks %s:\n%s", name, r.stdout)
 		}
@@ -160,6 +164,7 @@ func TestRateShow(t *testing.T) {
 		"(then all 5 starts are free again)\n",
 		"Paused:      no\n",
 		"Remembered:  3 starts: those begun in the last 10 to 20 s, and those reserved ahead\n",
+		"Ahead:       no start reserved: no task waits for one\n",
 		"Redis key:   asynqmutex:rate:{" + f.pay + "}\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
@@ -222,6 +227,18 @@ func TestRateShow(t *testing.T) {
 	r = cli(t, nil, "rate", f.uri, `["nobody:here"]`)
 	if !strings.Contains(r.stdout, `No key of task type "nobody:here" is limited; 4 other keys are limited under prefix "asynqmutex:": run 'asynqmutex rates'.`) {
 		t.Errorf("rate of a task type nobody limits:\n%s\nwant the count of limited keys", r.stdout)
+	}
+	// Two tasks park until their starts, reserved one and two minutes from now.
+	busy := taskKeyOf(t, "push:send", `"u-9"`)
+	allow(t, f.rl, busy, f.slow, 1)
+	for _, id := range []string{"parked-1", "parked-2"} {
+		if _, err := f.rl.TakeAs(ctxT(t), busy, f.slow, id, 0, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = mustRun(t, "rate", f.uri, busy)
+	if want := "Ahead:       2 starts reserved for tasks that wait for them (parked until their start, or in their worker); the last begins in 2m"; !strings.Contains(r.stdout, want) {
+		t.Errorf("rate of a key with two starts reserved:\n%s\nwant it to contain %q", r.stdout, want)
 	}
 }
 

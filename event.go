@@ -59,11 +59,15 @@ const (
 	// waited (deleted, archived, done): its key passed on to the next in its line.
 	// Err says what asynq said of it; TaskType is empty when asynq no longer knew it.
 	OpParkPassedOver
+	// OpOrderHalted: under InOrder and HaltOnFailure, a task failed for good and its
+	// key halted at its place; Err is a *HaltError that names the place and wraps
+	// what the task returned.
+	OpOrderHalted
 )
 
 var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused",
 	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order", OpOrderStalled: "order_stalled",
-	OpParkStarted: "park_started", OpParkPassedOver: "park_passed_over"}
+	OpParkStarted: "park_started", OpParkPassedOver: "park_passed_over", OpOrderHalted: "order_halted"}
 
 // String returns the operation's name in snake case, such as "bad_input", for logs
 // and metric labels.

@@ -107,6 +107,23 @@ func OrderGrace(d time.Duration) Option {
 	return once("OrderGrace", fmt.Sprintf("OrderGrace(%v)", d), func(c *config) { c.orderGrace, c.graceSet = d, true })
 }
 
+// HaltOnFailure makes a key under InOrder halt at a task that fails for good (its
+// last try failed and asynq archives it, or its handler returned asynq.SkipRetry or
+// asynq.RevokeTask, or its turn came while its lock was busy on its last try): the
+// tasks after it wait, parked, however long, until a person acts. Run the task again
+// from asynq's archive (asynqmon, Inspector.RunTask): its place is still the key's
+// next, and when it completes the key moves on. Or move the key past it:
+// asynqmutex order --skip N KEY. By default a key moves past such a task (reported
+// as OpOrderSkipped, reason "failed"), which suits updates that later ones make
+// whole again; halt where each task builds on the one before (a ledger, a
+// migration). A halt is reported as OpOrderHalted, logged at Warn, shown by
+// asynqmutex order and listed by order --blocked; the gap rules that move a key past
+// a task that is gone (archived, deleted) do not move past a halted place. Middleware
+// panics if it is given without InOrder.
+func HaltOnFailure() Option {
+	return once("HaltOnFailure", "HaltOnFailure()", func(c *config) { c.halt = true })
+}
+
 // checkOrder panics on an order configuration that cannot work; worker is false for
 // NewProducer's options.
 func (c *config) checkOrder(worker bool) {
@@ -115,6 +132,8 @@ func (c *config) checkOrder(worker bool) {
 		panic("asynqmutex.Middleware: InOrder without a TaskLookup (an *asynq.Inspector): a worker asks asynq whether a task its key waits for is gone")
 	case c.graceSet && !c.ordered:
 		panic("asynqmutex.Middleware: OrderGrace without InOrder")
+	case c.halt && !c.ordered:
+		panic("asynqmutex.Middleware: HaltOnFailure without InOrder")
 	case !c.ordered:
 	case c.keySetBy == "OnEach" || c.keySetBy == "KeysBy":
 		panic("asynqmutex.Middleware: InOrder orders the tasks of one key; " + c.keySetBy + " gives a task several keys")
@@ -227,6 +246,7 @@ type placed struct {
 	ended   func() error // the task's context's Err
 	readied bool         // its Finish rides in the lock's release
 	reason  string       // why its place was skipped, for OpOrderSkipped; "" if it was not
+	halted  bool         // its task failed for good and its key halts (HaltOnFailure)
 }
 
 // handled readies the finish of task tk's place, whose handler just returned, while
@@ -238,8 +258,9 @@ func (m *middleware) handled(tk *task) {
 	pl := tk.place
 	var how order.How
 	if !errors.As(tk.result, new(*PauseError)) {
-		how, pl.reason = placeOutcome(tk.result, tk.meta, pl.ended() != nil)
+		how, pl.reason = placeOutcome(tk.result, tk.meta, pl.ended() != nil, m.halt)
 	}
+	pl.halted = how == order.Halted
 	switch {
 	case how != 0:
 		pl.readied = pl.later.Finish(how) == nil
@@ -258,13 +279,14 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 		next int64 // the key's next place after the finish; 0 if it moved nothing
 		ferr error
 	)
-	switch how, r := placeOutcome(err, tk.meta, ctx.Err() != nil); {
+	how, r := placeOutcome(err, tk.meta, ctx.Err() != nil, m.halt)
+	switch {
 	case pl.readied:
 		next, ferr = pl.later.Result(fctx)
 	case how != 0:
 		// The handler did not run (its lock was busy), or asked for a pause: the task
 		// is over all the same.
-		pl.reason = r
+		pl.reason, pl.halted = r, how == order.Halted
 		next, ferr = m.seq.Finish(fctx, tk.key, pl.Place, how)
 	default:
 		if _, rerr := pl.later.Result(fctx); rerr != nil { // a Requeue no call carried
@@ -272,8 +294,15 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 		}
 		return
 	}
-	if ferr != nil {
+	switch {
+	case ferr != nil && pl.halted:
+		m.placeWarn(fctx, tk, "asynqmutex: could not halt an ordered key at a task that failed for good; the next task may move the key past it", ferr)
+		return
+	case ferr != nil:
 		m.placeWarn(fctx, tk, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it", ferr)
+		return
+	case pl.halted:
+		m.halted(ctx, tk, err)
 		return
 	}
 	if pl.reason != "" {
@@ -282,6 +311,41 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 	}
 	m.abandonedPast(ctx, tk.Type(), tk.key, pl.N, next)
 }
+
+// halted reports that task tk's key halted at its place, its task having failed
+// for good with err (HaltOnFailure): OpOrderHalted, and a Warn line that says how to
+// go on.
+func (m *middleware) halted(ctx context.Context, tk *task, err error) {
+	he := &HaltError{Key: tk.key, Place: tk.place.N, TaskID: tk.meta.id, Queue: tk.meta.queue, Err: err}
+	m.emit(ctx, Event{Op: OpOrderHalted, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Err: he})
+	m.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: an ordered key halted at a task that failed for good (HaltOnFailure); the tasks after it wait until the task is run again from asynq's archive and completes, or the key is moved past it: asynqmutex order --skip PLACE KEY",
+		slog.String("task_type", shortkey.Shorten(tk.Type())),
+		slog.String("task_id", shortkey.Shorten(tk.meta.id)),
+		slog.String("key", shortkey.Show(tk.key)),
+		slog.Int64("place", tk.place.N),
+		slog.String("error", oneLine(err)))
+}
+
+// HaltError is the Err of an OpOrderHalted event: a key under InOrder and
+// HaltOnFailure that halted at a place whose task failed for good (Err, what the
+// task returned). The key waits there until the task, run again from asynq's
+// archive, completes, or a person moves it past the place (asynqmutex order
+// --skip).
+type HaltError struct {
+	Key           string // the key, whole (see LockedError.Key)
+	Place         int64
+	TaskID, Queue string
+	Err           error
+}
+
+// Error names the key, the place, the task and what it returned, on one line.
+func (e *HaltError) Error() string {
+	return fmt.Sprintf("asynqmutex: key %s halted at place %d (task %s in queue %s), which failed for good: %s",
+		shortkey.Show(e.Key), e.Place, shortkey.Quote(e.TaskID), shortkey.Quote(e.Queue), oneLine(e.Err))
+}
+
+// Unwrap returns Err.
+func (e *HaltError) Unwrap() error { return e.Err }
 
 // placeWarn logs msg at Warn about the place of task tk, which Redis could not
 // update (err).
@@ -312,20 +376,22 @@ var (
 
 // placeOutcome says how to finish the place of a task whose turn came and that
 // returned err: order.Done when asynq deletes or completes it, order.Skipped (with
-// the reason) when asynq archives or drops it, 0 when asynq retries it (the task
-// keeps its place). A task whose context ended (ended is true) and that failed
+// the reason) when asynq archives or drops it, or order.Halted then if the key halts
+// (halt, HaltOnFailure), 0 when asynq retries it (the task keeps its place). A task whose context ended (ended is true) and that failed
 // keeps its place too: asynq puts back a task its server's shutdown interrupted,
 // and one it archives instead is moved past by the gap rule.
-func placeOutcome(err error, meta taskMeta, ended bool) (order.How, string) {
+func placeOutcome(err error, meta taskMeta, ended, halt bool) (order.How, string) {
 	switch {
 	case err == nil:
 		return order.Done, ""
 	case ended:
 		return 0, ""
-	case errors.Is(err, asynq.SkipRetry), errors.Is(err, asynq.RevokeTask), meta.noRetryLeft():
-		return order.Skipped, "failed"
+	case !(errors.Is(err, asynq.SkipRetry) || errors.Is(err, asynq.RevokeTask) || meta.noRetryLeft()):
+		return 0, ""
+	case halt:
+		return order.Halted, "failed"
 	}
-	return 0, ""
+	return order.Skipped, "failed"
 }
 
 // awaitTurn waits up to what is left of task tk's wait for its place p to come, moving the key past places
@@ -362,6 +428,11 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 			return turn, err
 		}
 		h := turn.Holder
+		if h.Halted {
+			// Its task failed for good and the key halts there (HaltOnFailure): no
+			// gap rule moves past it, and nothing will finish it soon.
+			return turn, nil
+		}
 		reason, running, due, pending := m.holderState(h)
 		*dueAt = due
 		if reason != "" {

@@ -83,6 +83,7 @@ type config struct {
 	ordered    bool          // InOrder was given
 	tasks      TaskLookup    // InOrder's: asks asynq about a task a key waits for
 	orderGrace time.Duration // OrderGrace, or DefaultOrderGrace
+	halt       bool          // HaltOnFailure: a failed ordered task halts its key
 	graceSet   bool          // OrderGrace was given
 }
 

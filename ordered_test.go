@@ -63,18 +63,23 @@ func TestPlaceOutcome(t *testing.T) {
 		ended  bool
 		how    order.How
 		reason string
+		halt   bool
 	}{
-		{"success", nil, withRetries, false, order.Done, ""},
-		{"failure to retry", errors.New("boom"), withRetries, false, 0, ""},
-		{"busy key", &LockedError{Key: "k"}, withRetries, false, 0, ""},
-		{"last try failed", errors.New("boom"), lastTry, false, order.Skipped, "failed"},
-		{"SkipRetry", errors.Join(errors.New("bad"), asynq.SkipRetry), withRetries, false, order.Skipped, "failed"},
-		{"RevokeTask", asynq.RevokeTask, withRetries, false, order.Skipped, "failed"},
-		{"outside asynq", errors.New("boom"), taskMeta{}, false, 0, ""},
-		{"last try cut short by shutdown", context.Canceled, lastTry, true, 0, ""},
-		{"success as the context ended", nil, lastTry, true, order.Done, ""},
+		{"success", nil, withRetries, false, order.Done, "", false},
+		{"failure to retry", errors.New("boom"), withRetries, false, 0, "", false},
+		{"busy key", &LockedError{Key: "k"}, withRetries, false, 0, "", false},
+		{"last try failed", errors.New("boom"), lastTry, false, order.Skipped, "failed", false},
+		{"SkipRetry", errors.Join(errors.New("bad"), asynq.SkipRetry), withRetries, false, order.Skipped, "failed", false},
+		{"RevokeTask", asynq.RevokeTask, withRetries, false, order.Skipped, "failed", false},
+		{"outside asynq", errors.New("boom"), taskMeta{}, false, 0, "", false},
+		{"last try cut short by shutdown", context.Canceled, lastTry, true, 0, "", false},
+		{"success as the context ended", nil, lastTry, true, order.Done, "", false},
+		{"last try failed, halting", errors.New("boom"), lastTry, false, order.Halted, "failed", true},
+		{"SkipRetry, halting", errors.Join(errors.New("bad"), asynq.SkipRetry), withRetries, false, order.Halted, "failed", true},
+		{"failure to retry, halting", errors.New("boom"), withRetries, false, 0, "", true},
+		{"success, halting", nil, lastTry, false, order.Done, "", true},
 	} {
-		if how, reason := placeOutcome(tt.err, tt.meta, tt.ended); how != tt.how || reason != tt.reason {
+		if how, reason := placeOutcome(tt.err, tt.meta, tt.ended, tt.halt); how != tt.how || reason != tt.reason {
 			t.Errorf("%s: placeOutcome = %v, %q; want %v, %q", tt.name, how, reason, tt.how, tt.reason)
 		}
 	}

@@ -972,3 +972,76 @@ func TestOrderParkedTaskGoneIsMovedPast(t *testing.T) {
 		t.Errorf("task 3 was not started when the key moved past place 2 (it came by its fallback); events %v", g.log.events)
 	}
 }
+
+// TestOrderHaltOnFailure: under HaltOnFailure a task that fails for good halts its
+// key at its place: the tasks after it park and none runs while it stays halted (no
+// gap rule moves past the archived task, waited out over four graces), and
+// OpOrderHalted names the place. Run again from asynq's archive, the task completes
+// and moves the key on: the rest run in order. The control: without HaltOnFailure,
+// under the same defaults, the key moves past the failed task at once.
+func TestOrderHaltOnFailure(t *testing.T) {
+	t.Parallel()
+	const grace = time.Second
+	for _, halt := range []bool{true, false} {
+		t.Run(fmt.Sprintf("halt=%v", halt), func(t *testing.T) {
+			t.Parallel()
+			g := newGapEnv(t, grace)
+			g.opts = []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"),
+				asynqmutex.InOrder(g.insp), asynqmutex.OrderGrace(grace), asynqmutex.Observe(g.log.observe)}
+			if halt {
+				g.opts = append(g.opts, asynqmutex.HaltOnFailure())
+			}
+			g.prod = asynqmutex.NewProducer(mutex.New(g.rdb), g.cli, g.opts...)
+			first := g.enqueue(t, 1, asynq.MaxRetry(0))
+			g.enqueue(t, 2)
+			g.enqueue(t, 3)
+			key, err := g.prod.Key(context.Background(), asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k"})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var failed atomic.Bool
+			g.start(t, func(ctx context.Context, task *asynq.Task) error {
+				if id, _ := asynq.GetTaskID(ctx); id == first && !failed.Swap(true) {
+					return fmt.Errorf("the ledger refused the entry: %w", asynq.SkipRetry)
+				}
+				return g.log.handler(ctx, task)
+			})
+			if !halt {
+				if got, want := g.ran(t, 2, 30*time.Second), names(2, 3); !slices.Equal(got, want) {
+					t.Fatalf("ran %v, want %v", got, want)
+				}
+				if r := g.skips()[1]; r != "failed" {
+					t.Errorf("place 1 skipped for %q, want failed; skips %v", r, g.skips())
+				}
+				return
+			}
+
+			waitFor(t, 10*asynqmutex.LeadWait, "the key halted at place 1, task 2 parked", func() (bool, string) {
+				st, err := g.seq.Inspect(context.Background(), key)
+				return err == nil && st.Halted == 1 && st.Parked >= 1, fmt.Sprintf("%+v, %v", st, err)
+			})
+			time.Sleep(4 * grace) // a gap rule would have moved past the archived task by now
+			if n := g.log.done(); n != 0 {
+				t.Fatalf("%d tasks ran behind the halted place, want none; runs %v", n, g.log.runs)
+			}
+			if st, err := g.seq.Inspect(context.Background(), key); err != nil || st.Next != 1 || st.Halted != 1 {
+				t.Fatalf("order after %v halted = %+v, %v; want still at place 1, halted", 4*grace, st, err)
+			}
+			halts := g.log.eventsOf(asynqmutex.OpOrderHalted)
+			var he *asynqmutex.HaltError
+			if len(halts) != 1 || !errors.As(halts[0].Err, &he) || he.Place != 1 || he.TaskID != first || !errors.Is(he, asynq.SkipRetry) {
+				t.Errorf("OpOrderHalted events %v, want one naming place 1 and task %s, wrapping its error", halts, first)
+			}
+
+			if err := g.insp.RunTask("default", first); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := g.ran(t, 3, 30*time.Second), names(1, 2, 3); !slices.Equal(got, want) {
+				t.Fatalf("ran %v after task 1 was run again, want %v", got, want)
+			}
+			if len(g.skips()) != 0 {
+				t.Errorf("places skipped %v, want none", g.skips())
+			}
+		})
+	}
+}

@@ -83,6 +83,7 @@ type Collector struct {
 	outOfTurn       *prometheus.CounterVec   // task_type, policy
 	orderSkipped    *prometheus.CounterVec   // task_type, reason
 	orderStalled    *prometheus.CounterVec   // task_type, queue_read
+	orderHalted     *prometheus.CounterVec   // task_type
 	outOfOrder      *prometheus.CounterVec   // task_type
 	parkStarted     *prometheus.CounterVec   // task_type
 	parkPassedOver  *prometheus.CounterVec   // task_type
@@ -149,6 +150,8 @@ func New(opts ...Option) *Collector {
 			"Number of places a key moved past without their task finishing (InOrder); broken down by task type and reason (failed, archived, completed, missing, abandoned).", "task_type", "reason"),
 		orderStalled: counterVec("task_order_stalled_total",
 			"Number of tasks sent back behind a place whose task had been pending for longer than OrderGrace (InOrder); broken down by task type and whether a server reads that task's queue (yes, no, unknown).", "task_type", "queue_read"),
+		orderHalted: counterVec("order_halts_total",
+			"Number of times a key halted at a task that failed for good (InOrder, HaltOnFailure); broken down by task type.", "task_type"),
 		outOfOrder: counterVec("task_out_of_order_total",
 			"Number of tasks run under their lock alone, outside their key's order (InOrder): no place, or a place their key had moved past; broken down by task type.", "task_type"),
 		parkStarted: counterVec("task_park_started_total",
@@ -166,7 +169,7 @@ func New(opts ...Option) *Collector {
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
 		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.limited, c.rateWait, c.pauses,
-		c.outOfTurn, c.orderSkipped, c.orderStalled, c.outOfOrder, c.parkStarted, c.parkPassedOver, c.wakeupLost, c.wakeupRecovered}
+		c.outOfTurn, c.orderSkipped, c.orderStalled, c.orderHalted, c.outOfOrder, c.parkStarted, c.parkPassedOver, c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -255,6 +258,8 @@ func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
 		c.outOfOrder.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	case asynqmutex.OpOrderStalled:
 		c.orderStalled.WithLabelValues(c.taskType(e.TaskType), queueRead(e.Err)).Inc()
+	case asynqmutex.OpOrderHalted:
+		c.orderHalted.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	case asynqmutex.OpParkStarted:
 		c.parkStarted.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	case asynqmutex.OpParkPassedOver:

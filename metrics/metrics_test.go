@@ -225,7 +225,9 @@ func TestObserve(t *testing.T) {
 			asynqmutex.Event{Op: asynqmutex.OpOrderStalled, Key: "k", TaskType: "pay", Err: &asynqmutex.StallError{Key: "k", Place: 1, Readers: 0}},
 			asynqmutex.Event{Op: asynqmutex.OpOrderStalled, Key: "k", TaskType: "pay", Err: &asynqmutex.StallError{Key: "k", Place: 1, Readers: 2}},
 			asynqmutex.Event{Op: asynqmutex.OpOrderStalled, Key: "k", TaskType: "pay", Err: &asynqmutex.StallError{Key: "k", Place: 1, Readers: -1}},
+			asynqmutex.Event{Op: asynqmutex.OpOrderHalted, Key: "k", TaskType: "pay", Err: &asynqmutex.HaltError{Key: "k", Place: 2, Err: errors.New("boom")}},
 		}, map[string]float64{
+			`asynqmutex_order_halts_total{task_type="pay"}`:                             1,
 			`asynqmutex_task_out_of_turn_total{policy="retry",task_type="pay"}`:         1,
 			`asynqmutex_order_places_skipped_total{reason="missing",task_type="pay"}`:   1,
 			`asynqmutex_order_places_skipped_total{reason="other",task_type="pay"}`:     1,

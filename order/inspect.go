@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/asynqmutex/asynqmutex/internal/store"
 )
@@ -24,6 +27,10 @@ type State struct {
 	// Parked is how many of the places waiting have their task parked (Park): in no
 	// process, to be started when its turn comes.
 	Parked int64
+	// Halted is the place the key halted at (Finish with Halted: its task failed
+	// for good), 0 when it did not; HaltedFor is how long ago it halted.
+	Halted    int64
+	HaltedFor time.Duration
 }
 
 // Waiting is how many places are taken and not finished.
@@ -61,13 +68,22 @@ func (s *Sequencer) List(ctx context.Context) iter.Seq2[State, error] {
 // state reads inspect.lua's reply about the sequence at Redis key rkey.
 func state(rkey string, res []any) (State, error) {
 	st := State{RedisKey: rkey}
-	if len(res) != 7 {
+	if len(res) != 8 {
 		return st, fmt.Errorf("order: inspect %s: unexpected reply %v", show(rkey), res)
 	}
 	st.Epoch, _ = res[0].(string)
 	st.Next, st.Last, st.Skipped, st.Parked = number(res[1]), number(res[2]), number(res[3]), number(res[6])
+	now := number(res[5])
 	if rec, _ := res[4].(string); rec != "" {
-		st.Holder = holder(rec, number(res[5]))
+		st.Holder = holder(rec, now)
+	}
+	if h, _ := res[7].(string); h != "" {
+		place, at, _ := strings.Cut(h, " ")
+		st.Halted, _ = strconv.ParseInt(place, 10, 64)
+		if us, err := strconv.ParseInt(at, 10, 64); err == nil {
+			st.HaltedFor = time.Duration(max(now-us, 0)) * time.Microsecond
+		}
+		st.Holder.Halted = st.Halted == st.Next
 	}
 	return st, nil
 }

@@ -34,6 +34,10 @@ import (
 //     of it: the mark stays until the place finishes, so that a Finish sent again
 //     names it again.
 //   - fieldParked: how many places have such a mark not flagged started.
+//   - fieldHalted: "<place> <µs>", when the key halted at that place, its next: its
+//     task failed for good under a key that halts (Finish with Halted). A gap rule
+//     does not move past it (Skipped); its task's own finish (run again, it
+//     completed) or a person's (Forced) does, and drops the field.
 //
 // The same name is the pub/sub channel on which Finish announces the key's new next
 // place, as FormatPlace writes it, followed, when the place is taken, by " <µs now>
@@ -59,6 +63,7 @@ const (
 	idPrefix      = "id:"
 	parkPrefix    = "park:"
 	fieldParked   = "parked"
+	fieldHalted   = "halted"
 	startedMark   = "^"
 	abandonedMark = "-"
 	// requeuedSuffix ends Requeue's announcement.
@@ -66,8 +71,8 @@ const (
 )
 
 // luaLayout defines the layout's constants for the scripts.
-var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, PARKP, PARKED, STARTED, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
-	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, parkPrefix, fieldParked, startedMark, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
+var luaLayout = fmt.Sprintf("local EPOCH, LAST, NEXT, SKIPPED, IDP, PARKP, PARKED, HALTED, STARTED, ABANDONED, REQUEUED = %q, %q, %q, %q, %q, %q, %q, %q, %q, %q, %q\nlocal KEEP_MS = %d\n",
+	fieldEpoch, fieldLast, fieldNext, fieldSkipped, idPrefix, parkPrefix, fieldParked, fieldHalted, startedMark, abandonedMark, requeuedSuffix, IdleKeep.Milliseconds())
 
 // redisKey is the Redis key (and channel) of key's sequence under prefix.
 func redisKey(prefix, key string) string {

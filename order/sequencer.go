@@ -202,6 +202,10 @@ type Holder struct {
 	// (Requeue) while Await waited that it stopped and will run again later: it is
 	// not running, though asynq may still say so for a moment.
 	Requeued bool
+	// Halted is true when the key halted at the place (Finish with Halted): its
+	// task failed for good, and the key waits there until it is run again and
+	// completes, or a person moves the key past it (Forced).
+	Halted bool
 }
 
 // Enter says whether place p of key may run: its Turn, in one read-only script call.
@@ -216,7 +220,7 @@ func turnOf(key string, p Place, cmd *redis.Cmd) (Turn, error) {
 	if err != nil {
 		return Turn{}, fmt.Errorf("order: key %s: place %v: %w", show(key), p.N, err)
 	}
-	if len(res) != 5 {
+	if len(res) != 6 {
 		return Turn{}, fmt.Errorf("order: key %s: place %v: unexpected reply %v", show(key), p.N, res)
 	}
 	state, _ := res[0].(string)
@@ -227,6 +231,7 @@ func turnOf(key string, p Place, cmd *redis.Cmd) (Turn, error) {
 	case "wait":
 		t.State = TurnWait
 		t.Holder = holder(rec, number(res[3]))
+		t.Holder.Halted = number(res[5]) == 1
 		t.Ahead = number(res[4]) == 1
 	case "turn":
 		t.State = TurnNow
@@ -294,17 +299,27 @@ const (
 	// place is not finished, the place is marked, and the key moves past it when its
 	// turn comes.
 	Abandoned
+	// Halted: the place's task failed for good, and its key halts there rather than
+	// move on (River's sequences do so): nothing is finished, the key is marked
+	// halted at the place (State.Halted, Holder.Halted), and its waiters are told as
+	// by Requeue. Skipped does not move the key past a halted place; Done (its task,
+	// run again, completed) and Forced do.
+	Halted
+	// Forced: a person moves the key past the place, halted or not (the asynqmutex
+	// command's order --skip). It counts as skipped.
+	Forced
 )
 
-var howArgs = [...]string{Done: "done", Skipped: "skip", Abandoned: "abandon"}
+var howArgs = [...]string{Done: "done", Skipped: "skip", Abandoned: "abandon", Halted: "halt", Forced: "force"}
 
 // Finish marks place p of key finished, if it is the key's next, and wakes the key's
 // waiters (Await), in one script call. It reports the key's next place after it, or
 // 0 when p was not the key's next (another call finished it, or, for Abandoned, an
-// earlier place is not finished) or the key has no sequence of p's epoch: then
-// nothing changed, but for Abandoned's mark. Places after p that were abandoned are
-// finished with it. Finish returns an error if how is not Done, Skipped or Abandoned
-// or Redis could not be reached; a call go-redis sends again finds the place
+// earlier place is not finished), the key has no sequence of p's epoch, the key
+// halted at p and how is Skipped, or how is Halted: then nothing changed, but for
+// Abandoned's and Halted's marks. Places after p that were abandoned are finished
+// with it. Finish returns an error if how is not one of the Hows, or Redis could not
+// be reached; a call go-redis sends again finds the place
 // finished and returns 0. When the new next place's task parked (Park), the
 // Sequencer's Starter is called for it (StartWith). Safe for concurrent use.
 func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (int64, error) {
@@ -315,7 +330,7 @@ func (s *Sequencer) Finish(ctx context.Context, key string, p Place, how How) (i
 }
 
 func checkHow(key string, p Place, how How) error {
-	if how < Done || how > Abandoned {
+	if how < Done || how > Forced {
 		return fmt.Errorf("order: key %s: place %v: invalid How %d", show(key), p.N, how)
 	}
 	return nil

@@ -37,14 +37,15 @@ type blockedJSON struct {
 	AgeMS    int64  `json:"age_ms"` // since the place was taken, on the Redis server's clock
 	// State is asynq's state of the task (pending, scheduled, retry, aggregating,
 	// active, archived, completed), or not_in_asynq, abandoned (its producer could
-	// not enqueue it) or no_task (no task recorded for the place).
+	// not enqueue it), no_task (no task recorded for the place) or halted (the key
+	// halted at it: it failed for good under HaltOnFailure).
 	State string `json:"state"`
 	// Due: scheduled and retry, when asynq is to run the task (RFC 3339).
 	Due string `json:"due,omitempty"`
 	// QueueServed: a running asynq server reads the task's queue.
 	QueueServed bool `json:"queue_served"`
 	// Stuck: nothing moves the key on but a person: the task is still to run and no
-	// server reads its queue.
+	// server reads its queue, or the key halted at it.
 	Stuck  bool   `json:"stuck"`
 	Reason string `json:"reason"` // the same, for a person
 }
@@ -97,8 +98,8 @@ func orderBlocked(ctx context.Context, c, tasks *conn, p *printer, stderr io.Wri
 		return err
 	}
 	if n := countStuck(blocked); n > 0 {
-		fmt.Fprintf(stderr, "asynqmutex: %d ordered %s will not move on by %s: no asynq server reads the queue of the task %s for\n",
-			n, plural(n, "key", "keys"), plural(n, "itself", "themselves"), plural(n, "it waits", "they wait"))
+		fmt.Fprintf(stderr, "asynqmutex: %d ordered %s will not move on by %s: no asynq server reads the queue of the task %s for, or %s halted (see REASON)\n",
+			n, plural(n, "key", "keys"), plural(n, "itself", "themselves"), plural(n, "it waits", "they wait"), plural(n, "it", "they"))
 		return errReported
 	}
 	return nil
@@ -169,6 +170,9 @@ func (v *asynqView) judge(h order.Holder) (b blockage, ok bool, err error) {
 	const movedPast = "the key moves past it when its next task asks"
 	q := shortkey.Quote(h.Queue)
 	switch {
+	case h.Halted:
+		return blockage{state: "halted", stuck: true,
+			reason: fmt.Sprintf("HALTED at it (HaltOnFailure): it failed for good; run it again from asynq's archive (queue %s), or move the key past it", q)}, true, nil
 	case h.Abandoned:
 		return blockage{state: "abandoned", reason: "abandoned: its producer could not enqueue it; " + movedPast}, true, nil
 	case h.TaskID == "":
@@ -287,8 +291,9 @@ func (p *printer) blockedText(blocked []blockedKey) error {
 	if n == 0 {
 		return nil
 	}
-	fmt.Fprintf(p.w, "\n%d %s will not move on by %s: start an asynq server that reads the queue, or move the key past\n"+
-		"the place (its task then runs outside the order, should it ever run):\n", n, plural(n, "key", "keys"), plural(n, "itself", "themselves"))
+	fmt.Fprintf(p.w, "\n%d %s will not move on by %s: start an asynq server that reads the queue (or, for a key that\n"+
+		"halted, run its failed task again), or move the key past the place (its task then runs outside the order,\n"+
+		"should it ever run):\n", n, plural(n, "key", "keys"), plural(n, "itself", "themselves"))
 	for _, k := range blocked {
 		switch {
 		case !k.stuck:

@@ -14,15 +14,19 @@ import (
 
 // orderJSON is order's --json document.
 type orderJSON struct {
-	Key      string           `json:"key"`
-	RedisKey string           `json:"redis_key"`
-	Ordered  bool             `json:"ordered"` // the key has a sequence
-	Epoch    string           `json:"epoch,omitempty"`
-	Next     int64            `json:"next"`
-	Last     int64            `json:"last"`
-	Waiting  int64            `json:"waiting"` // places taken and not finished
-	Skipped  int64            `json:"skipped"`
-	Parked   int64            `json:"parked"` // of the places waiting, those whose task parked
+	Key      string `json:"key"`
+	RedisKey string `json:"redis_key"`
+	Ordered  bool   `json:"ordered"` // the key has a sequence
+	Epoch    string `json:"epoch,omitempty"`
+	Next     int64  `json:"next"`
+	Last     int64  `json:"last"`
+	Waiting  int64  `json:"waiting"` // places taken and not finished
+	Skipped  int64  `json:"skipped"`
+	Parked   int64  `json:"parked"` // of the places waiting, those whose task parked
+	// Halted is the place the key halted at (its task failed for good under
+	// HaltOnFailure), 0 if none; HaltedMS how long ago.
+	Halted   int64            `json:"halted"`
+	HaltedMS int64            `json:"halted_ms,omitempty"`
 	Holder   *orderHolderJSON `json:"holder,omitempty"`
 	// OtherForms: see showJSON. Nearby: when the key has no order, the ordered keys
 	// near it.
@@ -66,7 +70,8 @@ func orderShow(ctx context.Context, seq *order.Sequencer, forms []form, given st
 	}
 	if p.json {
 		doc := orderJSON{Key: key, RedisKey: st.RedisKey, Ordered: st.Epoch != "", Epoch: st.Epoch,
-			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped, Parked: st.Parked, OtherForms: othersJSON(all, shown)}
+			Next: st.Next, Last: st.Last, Waiting: st.Waiting(), Skipped: st.Skipped, Parked: st.Parked, OtherForms: othersJSON(all, shown),
+			Halted: st.Halted, HaltedMS: st.HaltedFor.Milliseconds()}
 		if st.Waiting() > 0 && st.Holder.TaskID != "" {
 			doc.Holder = &orderHolderJSON{TaskID: st.Holder.TaskID, Queue: st.Holder.Queue,
 				AgeMS: st.Holder.Age.Milliseconds(), Abandoned: st.Holder.Abandoned}
@@ -110,6 +115,11 @@ func (p *printer) orderText(st order.State, all []found[order.State], shown int,
 		case h.Abandoned:
 			field("Waits for:", "task %s in queue %s, never enqueued (its producer gave the place up); the key moves past it",
 				printable(h.TaskID), printable(h.Queue))
+		case h.Halted:
+			field("Waits for:", "task %s in queue %s, which failed for good %s ago: the key HALTED there (HaltOnFailure)",
+				printable(h.TaskID), printable(h.Queue), human(st.HaltedFor))
+			field("To go on:", "run the task again from asynq's archive (it finishes its place when it completes), or move the key past it: asynqmutex order --skip %d %s",
+				st.Next, taskArgs(all[shown].key))
 		default:
 			field("Waits for:", "task %s in queue %s, which took its place %s ago", printable(h.TaskID), printable(h.Queue), human(h.Age))
 		}
@@ -132,7 +142,8 @@ func findOrderNearby(ctx context.Context, seq *order.Sequencer, key string) (*ne
 }
 
 // orderSkip moves key past its next place if that is place n: as the workers do for
-// a task that is gone, for a person who knows it will not come.
+// a task that is gone, for a person who knows it will not come; also past a place
+// the key halted at (HaltOnFailure), which the workers never move past.
 func orderSkip(ctx context.Context, seq *order.Sequencer, key string, n int64, p *printer, stderr io.Writer) error {
 	st, err := seq.Inspect(ctx, key)
 	if err != nil {
@@ -143,7 +154,7 @@ func orderSkip(ctx context.Context, seq *order.Sequencer, key string, n int64, p
 			quoteKey(key), n, st.Next, st.Last, taskArgs(key))
 		return errReported
 	}
-	next, err := seq.Finish(ctx, key, order.Place{Epoch: st.Epoch, N: n}, order.Skipped)
+	next, err := seq.Finish(ctx, key, order.Place{Epoch: st.Epoch, N: n}, order.Forced)
 	if err != nil {
 		return err
 	}

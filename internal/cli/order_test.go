@@ -156,3 +156,55 @@ func TestListPlaces(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderHalted: a key halted at its next place (HaltOnFailure) is shown halted,
+// with how to go on; order --blocked lists it as stuck (exit 1); --skip moves the key
+// past it, which no worker does.
+func TestOrderHalted(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	seq, uri := order.New(s.Client(t)), "--uri="+s.Addr()
+	key := taskKeyOf(t, "ledger", `"acct-1"`)
+	var places []order.Place
+	for _, id := range []string{"t-1", "t-2"} {
+		p, err := seq.Take(ctxT(t), key, "ledgers", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		places = append(places, p)
+	}
+	if _, err := seq.Finish(ctxT(t), key, places[0], order.Halted); err != nil {
+		t.Fatal(err)
+	}
+
+	r := mustRun(t, "order", "--task", "ledger", "acct-1", uri)
+	for _, want := range []string{
+		"Waits for:   task t-1 in queue ledgers, which failed for good ",
+		"the key HALTED there (HaltOnFailure)",
+		"To go on:    run the task again from asynq's archive (it finishes its place when it completes), or move the key past it: asynqmutex order --skip 1 --task ledger acct-1",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("order of a halted key lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	r = mustRun(t, "order", key, "--json", uri)
+	var doc orderJSON
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || doc.Halted != 1 || doc.Next != 1 {
+		t.Errorf("order --json of a halted key = %s (%v); want halted 1", r.stdout, err)
+	}
+
+	r = cli(t, nil, "order", "--blocked", uri)
+	t.Logf("asynqmutex order --blocked:\n%s%s", r.stdout, r.stderr)
+	if r.code != exitFailure || !strings.Contains(r.stdout, "HALTED at it (HaltOnFailure)") ||
+		!strings.Contains(r.stdout, "asynqmutex order --skip 1 --task ledger acct-1") || !strings.Contains(r.stderr, "1 ordered key will not move on by itself") {
+		t.Errorf("order --blocked with a halted key: %v\nwant it listed as stuck, exit 1", r)
+	}
+
+	r = mustRun(t, "order", "--skip", "1", "--task", "ledger", "acct-1", uri)
+	if !strings.Contains(r.stdout, "past place 1 (task t-1); its next place is 2") {
+		t.Errorf("order --skip 1 of the halted place:\n%s", r.stdout)
+	}
+	if st, err := seq.Inspect(ctxT(t), key); err != nil || st.Next != 2 || st.Halted != 0 {
+		t.Errorf("after --skip 1: %+v, %v; want next 2, no halt", st, err)
+	}
+}

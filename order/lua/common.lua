@@ -11,31 +11,41 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- haltedAt is the place the sequence at key halted at (layout.go), or nil.
+local function haltedAt(key)
+  local h = redis.call('HGET', key, HALTED)
+  return h and tonumber(string.match(h, '^(%d+)'))
+end
+
 -- turn: where place p of epoch stands in the sequence at key (enter.lua's reply):
--- {state, next, record, now, ahead}; with 'turn', ahead is 1 when the place after p
--- parked and was not started ahead (ahead.lua starts it).
+-- {state, next, record, now, ahead, halted}; with 'turn', ahead is 1 when the place
+-- after p parked and was not started ahead (ahead.lua starts it); with 'wait',
+-- halted is 1 when the key halted at its next place.
 local function turn(key, epoch, p)
   local t = int(now())
   local got = redis.call('HMGET', key, EPOCH, NEXT)
   if got[1] ~= epoch then
-    return {'unknown', 0, '', t, 0}
+    return {'unknown', 0, '', t, 0, 0}
   end
   local nxt = tonumber(got[2])
   if p == nxt then
     local behind = redis.call('HGET', key, PARKP .. int(p + 1))
     if behind and string.sub(behind, 1, #STARTED) ~= STARTED then
-      return {'turn', nxt, '', t, 1}
+      return {'turn', nxt, '', t, 1, 0}
     end
-    return {'turn', nxt, '', t, 0}
+    return {'turn', nxt, '', t, 0, 0}
   elseif p < nxt then
-    return {'passed', nxt, '', t, 0}
+    return {'passed', nxt, '', t, 0, 0}
   end
-  local ahead = 0
+  local ahead, halted = 0, 0
   local mark = redis.call('HGET', key, PARKP .. int(p))
   if mark and string.sub(mark, 1, #STARTED) == STARTED then
     ahead = 1
   end
-  return {'wait', nxt, redis.call('HGET', key, nxt) or '', t, ahead}
+  if haltedAt(key) == nxt then
+    halted = 1
+  end
+  return {'wait', nxt, redis.call('HGET', key, nxt) or '', t, ahead, halted}
 end
 
 -- unpark: drop the park mark of place n of the sequence at key, if it has one, and

@@ -4,11 +4,12 @@
 -- ARGV[1] -> the place's epoch
 -- ARGV[2] -> the place
 --
--- Returns {state, next, record, now}: state is 'turn' when the place is the key's
+-- Returns {state, next, record, now, ahead, halted}: state is 'turn' when the place is the key's
 -- next, 'wait' when an earlier place is not finished, 'passed' when the key moved
 -- past the place, 'unknown' when the key has no sequence of that epoch; next is the
 -- key's next place (0 for 'unknown'); record is the next place's record ('' if
 -- none); now is the server's time; ahead is 1, with 'wait', when the place's task
 -- parked and was started ahead of its turn (finish.lua, ahead.lua), and, with
--- 'turn', when the place after it parked and was not started ahead; 0 otherwise.
+-- 'turn', when the place after it parked and was not started ahead; 0 otherwise;
+-- halted is 1, with 'wait', when the key halted at its next place (layout.go).
 return turn(KEYS[1], ARGV[1], tonumber(ARGV[2]))

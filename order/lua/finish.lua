@@ -7,7 +7,14 @@
 -- ARGV[1] -> the place's epoch
 -- ARGV[2] -> the place
 -- ARGV[3] -> how: 'done' (its task finished), 'skip' (the key moves past it without
---            its task), 'abandon' (its producer could not enqueue the task)
+--            its task, by a gap rule), 'force' (a person moves the key past it),
+--            'abandon' (its producer could not enqueue the task), 'halt' (its task
+--            failed for good and the key halts there)
+--
+-- 'halt' moves nothing: the key's next place is marked halted (HALTED, layout.go),
+-- and the waiters are told as by requeue.lua, to judge the key again. A halted place
+-- is not moved past by 'skip' (nothing changes); 'done' and 'force' move past it and
+-- drop the mark.
 --
 -- Returns {next, ticket, ahead, at}: next is the key's next place after the call, or
 -- 0 when the place was not the key's next (another call finished it, or an earlier
@@ -28,6 +35,18 @@ if got[1] ~= epoch then
   return {0, '', '', 0}
 end
 local nxt = tonumber(got[2])
+if p == nxt and (how == 'halt' or how == 'skip') then
+  local at = haltedAt(key)
+  if how == 'halt' then
+    if at ~= p then
+      redis.call('HSET', key, HALTED, int(p) .. ' ' .. int(now()))
+    end
+    redis.call('PUBLISH', key, epoch .. ':' .. int(p) .. REQUEUED)
+    return {0, '', '', 0}
+  elseif at == p then
+    return {0, '', '', 0}
+  end
+end
 if p ~= nxt then
   if how == 'abandon' and p > nxt then
     local rec = redis.call('HGET', key, p)
@@ -61,6 +80,9 @@ local function finish(n)
   unpark(key, n)
 end
 finish(p)
+if haltedAt(key) == p then
+  redis.call('HDEL', key, HALTED)
+end
 nxt = p + 1
 while nxt <= last do
   local rec = redis.call('HGET', key, nxt)

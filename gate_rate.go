@@ -3,6 +3,7 @@ package asynqmutex
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -69,7 +70,9 @@ func Burst(b int) Option {
 // RateBy is Rate with a limit per task, for keys whose limits differ (a tenant's
 // plan): fn returns the limit of the task's key, or the zero Rate for no limit; its
 // Cost says what the task counts as (a task that makes 5 calls to an API limited to
-// 100 a minute: ratelimit.Rate{N: 100, Per: time.Minute, Cost: 5}). It
+// 100 a minute: ratelimit.Rate{N: 100, Per: time.Minute, Cost: 5}); a task whose cost
+// is above the burst waits for the rest at least (ratelimit.Rate.MinDelay), in its
+// worker or, under Park, parked. It
 // runs on the worker before each task takes its start, so it should be quick (cache
 // what it looks up) and must be safe for concurrent use; tasks of one key should get
 // one limit, and a new limit applies from the next start. An error from fn, or an
@@ -163,7 +166,9 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 		// A start within the lead is waited for here: parking would take longer.
 		r, err = m.takeAs(ctx, tk, lim, max(m.waitLeft(ctx, tk), m.lead()))
 	} else {
-		r, err = m.rates.Take(ctx, tk.key, lim, m.waitLeft(ctx, tk))
+		// A start that costs more than the burst is waited for, for its cost beyond it
+		// at least: it would find that wait again whenever it came back.
+		r, err = m.rates.Take(ctx, tk.key, lim, max(m.waitLeft(ctx, tk), costWait(lim)))
 	}
 	switch {
 	case err != nil:
@@ -181,13 +186,16 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 
 // startLater is, for task tk that met its key's lock (or slots) busy and may park,
 // a refusal that parks it until its start when its key's rate, or a pause, holds it
-// back past what the rate gate would wait for (its wait left, at least the lead): it waits for its start outside the lock's line, and takes the
-// lock when the start is due, rather than be handed the lock first only to park
-// again for its start (a task through asynq once more, and every task behind it in
-// the line handed the lock, started and parked again in turn). It returns nil when
-// the start comes sooner, or the task may not park: the task joins the lock's line, and the start it took (now,
-// or within the lead) stays held for it, honoured if it gets the lock within an
-// interval of it (ratelimit.Limiter.TakeAs). A task with no rate limit gets nil.
+// back past what the rate gate would wait for (its wait left, at least the lead): it
+// waits for its start outside the lock's line, and takes the lock when the start is
+// due, rather than be handed the lock first only to park again for its start (a
+// task through asynq once more, and every task behind it in the line handed the
+// lock, started and parked again in turn). It returns nil when the start comes
+// sooner: the task joins the lock's line, and takes its start when it holds the lock.
+// A start taken here for that (now, or within the wait) is given back, as the rate
+// gate would give it up as late after a wait in the line and take another: two
+// starts for one run. One held for the task before, which it came back for, stays:
+// the rate gate finds it. A task with no rate limit gets nil.
 func (m *middleware) startLater(ctx context.Context, tk *task) error {
 	lim, err := m.rateOf(ctx, tk)
 	if err != nil {
@@ -200,21 +208,40 @@ func (m *middleware) startLater(ctx context.Context, tk *task) error {
 	switch {
 	case err != nil:
 		return m.rateFailed(ctx, tk, err)
-	case r.Allowed || r.Held && r.Delay <= max(m.waitLeft(ctx, tk), m.lead()):
-		return nil
+	case !r.Allowed && !(r.Held && r.Delay <= max(m.waitLeft(ctx, tk), m.lead())):
+		return m.notYet(tk, lim, r, true)
+	case !r.Found:
+		// Given back unless a start was taken after it: then it lapses, and the key
+		// starts one task fewer.
+		_, _ = m.rates.Cancel(ctx, tk.key, r)
 	}
-	return m.notYet(tk, lim, r, true)
+	return nil
 }
 
-// takeAs takes task tk's start under lim, reserved under its ticket, waiting for it
-// up to maxWait (ratelimit.Limiter.TakeAs, held up to hold), and records how late a
-// task that parked until its start came for it.
+// takeAs takes task tk's start under lim, reserved for this run of the task (its
+// ticket and retry count: a retry after a failure takes a start of its own), waiting
+// for it up to maxWait (ratelimit.Limiter.TakeAs, held up to hold, or longer for a
+// start that costs more than the burst), and records, on a run's first take, how late
+// a task that parked until its start came for it: a later take of the run finds the
+// same start after the run's wait in the lock's line, which is no dispatch lag.
 func (m *middleware) takeAs(ctx context.Context, tk *task, lim ratelimit.Rate, maxWait time.Duration) (ratelimit.Result, error) {
-	r, err := m.rates.TakeAs(ctx, tk.key, lim, ticket(tk.meta.queue, tk.meta.id), maxWait, m.hold())
-	if err == nil && r.Found {
+	id := ticket(tk.meta.queue, tk.meta.id) + "#" + strconv.Itoa(tk.meta.retried)
+	r, err := m.rates.TakeAs(ctx, tk.key, lim, id, maxWait, m.hold()+costWait(lim))
+	if err == nil && r.Found && !tk.lagSeen {
 		m.sawLag(r.Late)
 	}
+	tk.lagSeen = true
 	return r, err
+}
+
+// costWait is how long a start under lim waits at least, on an idle key too
+// (ratelimit.Rate.MinDelay), and an interval more for the calls' own time; 0 for a
+// start that costs no more than the burst.
+func costWait(lim ratelimit.Rate) time.Duration {
+	if d := lim.MinDelay(); d > 0 {
+		return d + lim.Per/time.Duration(lim.N)
+	}
+	return 0
 }
 
 // notYet is the refusal of task tk, not started under lim (r): it parks until its

@@ -163,9 +163,10 @@ type task struct {
 	pastCap  *conflicts.Record // past a reschedule cap with no retry left: a conflict fails
 	wait     time.Duration     // how long, from start, it may wait for its key in all
 
-	place  *placed        // its place in its key's order, once its turn came (InOrder)
-	lim    ratelimit.Rate // its rate limit; zero for none
-	limSet bool           // lim is known (rateOf)
+	place   *placed        // its place in its key's order, once its turn came (InOrder)
+	lim     ratelimit.Rate // its rate limit; zero for none
+	limSet  bool           // lim is known (rateOf)
+	lagSeen bool           // a take of its start ran (takeAs): a later one's lateness is no dispatch lag
 
 	ran       bool  // its handler ran
 	result    error // what its handler returned

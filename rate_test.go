@@ -478,3 +478,133 @@ func TestRateParks(t *testing.T) {
 	assert.False(t, le.parked, "near its deadline a task is sent back: %v", err)
 	assert.Equal(t, "retry", ev.last().Policy)
 }
+
+// TestBusyLockSpendsOneStart: a task that meets its lock busy under Park while its
+// start is free takes one start for its run, not two: the start it took before
+// joining the lock's line is given back (else, a spare burst making that start due in
+// the past, the rate gate would give it up as late and take another). The control: a
+// task that finds the lock free takes one.
+func TestBusyLockSpendsOneStart(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	run := func(key string, busy bool) ratelimit.State {
+		t.Helper()
+		if busy {
+			held, err := locks.TryLock(ctx, `["sync","`+key+`"]`, time.Minute)
+			require.NoError(t, err)
+			go func() { time.Sleep(200 * time.Millisecond); _ = held.Unlock(ctx) }()
+		}
+		h := Middleware(locks, On("tenant"), Rate(1, time.Minute), Burst(3), newFakeTask("t-"+key, 3).option())(
+			asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+		require.NoError(t, h.ProcessTask(ctx, tenantTask(key)))
+		st, err := rates(locks).Inspect(ctx, `["sync","`+key+`"]`)
+		require.NoError(t, err)
+		return st
+	}
+	if st := run("free", false); st.Remaining != 2 {
+		t.Fatalf("the control, a free lock: %d of a burst of 3 remaining, want 2", st.Remaining)
+	}
+	if st := run("busy", true); st.Remaining != 2 {
+		t.Errorf("a task that met its lock busy: %d of a burst of 3 remaining after its run, want 2 (one start)", st.Remaining)
+	}
+}
+
+// TestLagNotFromTheLockLine: a task started for its reserved start that then waits in
+// its lock's line is late for that start by the wait, which is no dispatch lag: were
+// it a sample, the lead would grow with every such task, until tasks waited a claim
+// in their workers. Only a run's first take is one.
+func TestLagNotFromTheLockLine(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	m := &middleware{config: config{ttl: DefaultTTL}, rates: rates(locks)}
+	lim := ratelimit.Rate{N: 1, Per: 100 * time.Millisecond}
+	key := `["sync","lag"]`
+	if r, err := m.rates.Allow(ctx, key, lim); err != nil || !r.Allowed {
+		t.Fatalf("Allow = %+v, %v", r, err)
+	}
+	run := func() *task {
+		return &task{Task: tenantTask("lag"), key: key, meta: taskMeta{id: "t1", queue: "default", counted: true, maxRetry: 3}}
+	}
+	parked, err := m.takeAs(ctx, run(), lim, 0)
+	require.NoError(t, err)
+	require.True(t, parked.Held, "the task's start is reserved ahead: %+v", parked)
+
+	// The task comes back for its start, as the due loop starts it, and takes it;
+	// then it waits in its lock's line a second, and the rate gate takes again.
+	time.Sleep(parked.Delay)
+	tk := run()
+	first, err := m.takeAs(ctx, tk, lim, m.lead())
+	require.NoError(t, err)
+	require.True(t, first.Found, "the run found its reserved start: %+v", first)
+	time.Sleep(time.Second)
+	second, err := m.takeAs(ctx, tk, lim, m.lead())
+	require.NoError(t, err)
+	require.True(t, second.Found && second.Late >= time.Second, "the second take found the start a second late: %+v", second)
+	// One sample of a prompt arrival keeps the lead near startEarly; the second
+	// take's second, as a sample, would have made it about 400ms.
+	if lead := m.lead(); lead >= 300*time.Millisecond {
+		t.Errorf("lead %v after one prompt arrival and a take after a second in the lock's line, want near %v", lead, startEarly)
+	}
+}
+
+// A start that costs more than its burst waits, on an idle key too, for its cost
+// beyond the burst (ratelimit.Rate.MinDelay): under RetryLater with no MaxWait the
+// task waits that in its worker, rather than be sent back to find the same wait
+// forever.
+func TestCostAboveBurstStarts(t *testing.T) {
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	ran := 0
+	h := Middleware(locks, On("tenant"), NoLock(), OnConflict(RetryLater(time.Second)), RateBy(func(context.Context, *asynq.Task) (ratelimit.Rate, error) {
+		return ratelimit.Rate{N: 1000, Per: time.Second, Cost: 200}, nil // 199ms beyond its burst of 1
+	}))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil }))
+	require.NoError(t, h.ProcessTask(ctx, tenantTask("heavy")))
+	assert.Equal(t, 1, ran, "a start of cost 200 on an idle key ran")
+}
+
+// TestCostAboveBurstParks: under Park, a start whose cost beyond its burst puts it
+// past the reservations' usual reach (four claims) is reserved and parked for all
+// the same, and started when it falls due; it would be sent back otherwise, to find
+// the same wait each time it came back.
+func TestCostAboveBurstParks(t *testing.T) {
+	t.Parallel()
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	var ev events
+	heavy := ratelimit.Rate{N: 10, Per: time.Second, Cost: 42} // 4.1s beyond its burst: past four claims of 1s
+	p := Middleware(locks, On("tenant"), TTL(time.Second), Observe(ev.observe), newFakeTask("t-park", 3).option(),
+		RateBy(func(context.Context, *asynq.Task) (ratelimit.Rate, error) { return heavy, nil }))(mustNotRun(t))
+	err := p.ProcessTask(ctx, tenantTask("heavier"))
+	var le *LockedError
+	require.ErrorAs(t, err, &le)
+	assert.True(t, le.parked, "parked until its start, 4.1s away: %v", err)
+	assert.Equal(t, "park", ev.last().Policy)
+	// Its start falls due and the due loop starts it (not in asynq here: passed over).
+	require.Eventually(t, func() bool { return slices.Contains(ev.ops(), OpParkPassedOver) }, 30*time.Second, 10*time.Millisecond,
+		"the parked task was not started when its start fell due")
+}
+
+// TestRetryTakesItsOwnStart: a task that failed and is retried within an interval of
+// the start its failed run took takes a start of its own: that start was spent by the
+// failed run, and beginning on it again would put two runs on one start.
+func TestRetryTakesItsOwnStart(t *testing.T) {
+	t.Parallel()
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	task := newFakeTask("t-retry", 3)
+	var ev events
+	runs := 0
+	h := Middleware(locks, On("tenant"), Rate(1, 2*time.Second), Observe(ev.observe), task.option())(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		runs++
+		return errors.New("the API said 500")
+	}))
+	require.Error(t, h.ProcessTask(ctx, tenantTask("retry")))
+	task.retried() // asynq spends a retry on the failure and runs the task again
+	err := h.ProcessTask(ctx, tenantTask("retry"))
+	var le *LockedError
+	require.ErrorAs(t, err, &le, "the retry, before the key's next start, is refused")
+	assert.True(t, le.parked, "and parks for its own start: %v", err)
+	assert.Equal(t, 1, runs, "the retry ran on the start its failed run had spent")
+	require.Eventually(t, func() bool { return slices.Contains(ev.ops(), OpParkPassedOver) }, 30*time.Second, 10*time.Millisecond,
+		"the parked retry was not started when its start fell due")
+}

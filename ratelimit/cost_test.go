@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"github.com/redis/go-redis/v9"
+
 	"context"
 	"strings"
 	"testing"
@@ -222,5 +224,40 @@ func allow(t *testing.T, l *Limiter, key string, lim Rate, n int) {
 		if r, err := l.Allow(context.Background(), key, lim); err != nil || !r.Allowed {
 			t.Fatalf("Allow #%d = %+v, %v; want allowed", i+1, r, err)
 		}
+	}
+}
+
+// TestResetKeepsMarksOfAnEndedPause: Reset of a key whose pause ended long ago (kept
+// until its starts are forgotten) keeps the key, and the marks of its cancels, at
+// least KEEP: a Cancel go-redis sends again after a lost reply still finds its mark.
+func TestResetKeepsMarksOfAnEndedPause(t *testing.T) {
+	t.Parallel()
+	rdb := sharedServer(t)
+	l, ctx, key := New(rdb), context.Background(), uniqueKey(t)
+	lim := Rate{N: 1, Per: time.Minute}
+	r, err := l.Reserve(ctx, key, lim, time.Hour)
+	if err != nil || !r.Allowed {
+		t.Fatalf("Reserve = %+v, %v", r, err)
+	}
+	if ok, err := l.Cancel(ctx, key, r); !ok || err != nil {
+		t.Fatalf("Cancel = %v, %v", ok, err)
+	}
+	// A pause that ended 25 s ago, as the key keeps one until it is forgotten.
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rkey := redisKey(DefaultPrefix, key)
+	if err := rdb.ZAdd(ctx, rkey, redis.Z{Score: -float64(now.Add(-25 * time.Second).UnixMicro()), Member: pauseMember}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Reset(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.PTTL(ctx, rkey).Val(); ttl < time.Duration(keepMicros)*time.Microsecond {
+		t.Errorf("PTTL after Reset = %v, want at least KEEP (%v): the marks are kept that long", ttl, time.Duration(keepMicros)*time.Microsecond)
+	}
+	if ok, err := l.Cancel(ctx, key, r); !ok || err != nil {
+		t.Errorf("the Cancel sent again after Reset = %v, %v; want true, from its mark", ok, err)
 	}
 }

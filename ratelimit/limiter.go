@@ -244,8 +244,8 @@ func (l *Limiter) Wait(ctx context.Context, key string, lim Rate) error {
 	return err
 }
 
-// Cancel gives back the start r took (r from Reserve or Allow, Allowed), for one that
-// will not begin: the key is then as if it had never been taken. It reports false,
+// Cancel gives back the start r took (r from Reserve, Allow or Take, Allowed, or from
+// TakeAs, Allowed or Held), for one that will not begin: the key is then as if it had never been taken. It reports false,
 // and leaves the start taken, when another start was taken after it (the spacing of
 // later starts already counts it) or a pause began since, or when r took nothing.
 // Cancel does not check that r's start has not begun: give back only starts that

@@ -89,6 +89,15 @@ func (l Rate) stale() time.Duration {
 
 func (l Rate) burst() int64 { return int64(max(l.Burst, 1)) }
 
+// MinDelay is the least a start of l's Cost waits, on a key nobody used lately too:
+// the part of its cost beyond the burst, (Cost-Burst)·Per/N, rounded as the
+// spacing is; 0 while Cost is at most Burst. Reserve, Take and TakeAs never take such
+// a start with a maxWait (for TakeAs, a hold) shorter than this: give it a little
+// more (the call's own time counts against it).
+func (l Rate) MinDelay() time.Duration {
+	return time.Duration(max(l.cost()-l.burst(), 0)*l.interval()) * time.Microsecond
+}
+
 func (l Rate) cost() int64 { return int64(max(l.Cost, 1)) }
 
 // ErrLimited means a start was not taken: the key's limit, or a pause, allows the

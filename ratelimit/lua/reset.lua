@@ -6,14 +6,14 @@
 --
 -- Returns the number of starts forgotten. The starts are the members with negative
 -- scores but the pause, which goes with them and is put back with its score; the key
--- then expires as forget (common.lua) has it expire after the pause's TAT, which is
--- at least KEEP after every mark.
+-- then expires as forget (common.lua) has it expire after the later of the pause's
+-- TAT and now (a pause kept past its end), which is at least KEEP after every mark.
 local key = KEYS[1]
 local p = redis.call('ZSCORE', key, PAUSE)
 local n = redis.call('ZREMRANGEBYSCORE', key, '-inf', '(0')
 if p then
   n = n - 1
   redis.call('ZADD', key, p, PAUSE)
-  redis.call('PEXPIREAT', key, int((epoch(-p) + 2) * KEEP / 1000))
+  redis.call('PEXPIREAT', key, int((epoch(math.max(-p, now())) + 2) * KEEP / 1000))
 end
 return n

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -186,7 +187,8 @@ func rateSchedule(t *testing.T, e *env, key string) []time.Time {
 	}
 	var at []time.Time
 	for _, z := range zs {
-		if z.Member != "~pause" {
+		// Not the pause, nor the marks of starts given back (positive scores).
+		if m, _ := z.Member.(string); z.Score < 0 && !strings.HasPrefix(m, "~") {
 			at = append(at, time.UnixMicro(-int64(z.Score)))
 		}
 	}

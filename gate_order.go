@@ -108,9 +108,13 @@ func OrderGrace(d time.Duration) Option {
 }
 
 // HaltOnFailure makes a key under InOrder halt at a task that fails for good (its
-// last try failed and asynq archives it, or its handler returned asynq.SkipRetry or
-// asynq.RevokeTask, or its turn came while its lock was busy on its last try): the
-// tasks after it wait, parked, however long, until a person acts. Run the task again
+// last try failed and asynq archives it, or its handler returned asynq.SkipRetry, or
+// its turn came while its lock was busy on its last try), and at any task asynq holds
+// archived when the key's turn comes to it (its worker died on its last try, its
+// deadline passed, a person archived it): the tasks after it wait, parked, however
+// long, until a person acts (a task on its last try waits up to LastTryWait, then is
+// archived, and halts the key in turn when its place comes). A task whose handler
+// returned asynq.RevokeTask is deleted by asynq, not archived: the key moves past it. Run the task again
 // from asynq's archive (asynqmon, Inspector.RunTask): its place is still the key's
 // next, and when it completes the key moves on. Or move the key past it:
 // asynqmutex order --skip N KEY. By default a key moves past such a task (reported
@@ -302,7 +306,9 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 		m.placeWarn(fctx, tk, "asynqmutex: could not finish a task's place in its key's order; the next task waits until the gap rule moves past it", ferr)
 		return
 	case pl.halted:
-		m.halted(ctx, tk, err)
+		if next > 0 {
+			m.haltReport(ctx, tk.Type(), tk.key, pl.N, tk.meta.id, tk.meta.queue, err)
+		}
 		return
 	}
 	if pl.reason != "" {
@@ -312,17 +318,21 @@ func (m *middleware) finishPlace(ctx context.Context, tk *task, err error) {
 	m.abandonedPast(ctx, tk.Type(), tk.key, pl.N, next)
 }
 
-// halted reports that task tk's key halted at its place, its task having failed
-// for good with err (HaltOnFailure): OpOrderHalted, and a Warn line that says how to
-// go on.
-func (m *middleware) halted(ctx context.Context, tk *task, err error) {
-	he := &HaltError{Key: tk.key, Place: tk.place.N, TaskID: tk.meta.id, Queue: tk.meta.queue, Err: err}
-	m.emit(ctx, Event{Op: OpOrderHalted, TaskType: tk.Type(), TaskID: tk.meta.id, Key: tk.key, Err: he})
+// errArchived is why a key halted at a place whose task asynq holds archived, found
+// by a task waiting behind it.
+var errArchived = errors.New("asynq holds the task archived")
+
+// haltReport reports that key halted at place, whose task (id, in queue) failed for
+// good with err (HaltOnFailure): OpOrderHalted, and a Warn line that says how to go
+// on. taskType is the reporting task's.
+func (m *middleware) haltReport(ctx context.Context, taskType, key string, place int64, id, queue string, err error) {
+	he := &HaltError{Key: key, Place: place, TaskID: id, Queue: queue, Err: err}
+	m.emit(ctx, Event{Op: OpOrderHalted, TaskType: taskType, TaskID: id, Key: key, Err: he})
 	m.log().LogAttrs(ctx, slog.LevelWarn, "asynqmutex: an ordered key halted at a task that failed for good (HaltOnFailure); the tasks after it wait until the task is run again from asynq's archive and completes, or the key is moved past it: asynqmutex order --skip PLACE KEY",
-		slog.String("task_type", shortkey.Shorten(tk.Type())),
-		slog.String("task_id", shortkey.Shorten(tk.meta.id)),
-		slog.String("key", shortkey.Show(tk.key)),
-		slog.Int64("place", tk.place.N),
+		slog.String("task_type", shortkey.Shorten(taskType)),
+		slog.String("task_id", shortkey.Shorten(id)),
+		slog.String("key", shortkey.Show(key)),
+		slog.Int64("place", place),
 		slog.String("error", oneLine(err)))
 }
 
@@ -376,8 +386,9 @@ var (
 
 // placeOutcome says how to finish the place of a task whose turn came and that
 // returned err: order.Done when asynq deletes or completes it, order.Skipped (with
-// the reason) when asynq archives or drops it, or order.Halted then if the key halts
-// (halt, HaltOnFailure), 0 when asynq retries it (the task keeps its place). A task whose context ended (ended is true) and that failed
+// the reason) when asynq archives or drops it, or order.Halted when asynq archives it
+// and the key halts (halt, HaltOnFailure), 0 when asynq retries it (the task keeps
+// its place). A task whose context ended (ended is true) and that failed
 // keeps its place too: asynq puts back a task its server's shutdown interrupted,
 // and one it archives instead is moved past by the gap rule.
 func placeOutcome(err error, meta taskMeta, ended, halt bool) (order.How, string) {
@@ -388,7 +399,7 @@ func placeOutcome(err error, meta taskMeta, ended, halt bool) (order.How, string
 		return 0, ""
 	case !(errors.Is(err, asynq.SkipRetry) || errors.Is(err, asynq.RevokeTask) || meta.noRetryLeft()):
 		return 0, ""
-	case halt:
+	case halt && !errors.Is(err, asynq.RevokeTask): // asynq deletes a revoked task: nothing to run again
 		return order.Halted, "failed"
 	}
 	return order.Skipped, "failed"
@@ -430,11 +441,32 @@ func (m *middleware) awaitTurn(ctx context.Context, tk *task, p order.Place, due
 		h := turn.Holder
 		if h.Halted {
 			// Its task failed for good and the key halts there (HaltOnFailure): no
-			// gap rule moves past it, and nothing will finish it soon.
-			return turn, nil
+			// gap rule moves past it, and nothing will finish it soon. A task on its
+			// last try waits all the same, up to LastTryWait, as behind any task.
+			left := time.Until(deadline)
+			if !tk.lastTry || left <= 0 {
+				return turn, nil
+			}
+			if watch == nil {
+				watch = m.seq.Watch(key)
+			}
+			turn, err = watch.Await(ctx, p, turn, left)
+			continue
 		}
 		reason, running, due, pending := m.holderState(h)
 		*dueAt = due
+		if reason == "archived" && m.halt {
+			// Under HaltOnFailure an archived task halts its key, whoever archived it
+			// (its worker died on its last try, its deadline passed, a person).
+			gap := order.Place{Epoch: p.Epoch, N: turn.Next}
+			if n, err := m.seq.Finish(ctx, key, gap, order.Halted); err != nil {
+				return turn, err
+			} else if n > 0 {
+				m.haltReport(ctx, tk.Type(), key, gap.N, h.TaskID, h.Queue, errArchived)
+			}
+			turn, err = m.seq.Enter(ctx, key, p)
+			continue
+		}
 		if reason != "" {
 			gap := order.Place{Epoch: p.Epoch, N: turn.Next}
 			if n, err := m.seq.Finish(ctx, key, gap, order.Skipped); err != nil {

@@ -1045,3 +1045,61 @@ func TestOrderHaltOnFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderHaltOnArchived: under HaltOnFailure a key halts at any task asynq holds
+// archived when the key's turn comes to it, not only at one whose worker saw it fail:
+// here a last try cut short by its deadline (asynq archives it; its worker keeps its
+// place, as for a shutdown), found by the task after it; and a task on its last try
+// behind a halted place waits for it (LastTryWait) rather than be archived at once,
+// and runs when the key moves on. Nothing is skipped.
+func TestOrderHaltOnArchived(t *testing.T) {
+	t.Parallel()
+	const grace = time.Second
+	g := newGapEnv(t, grace)
+	// A short TTL: the tasks parked behind the first come back by their fallback (a
+	// claim) to find it archived.
+	g.opts = []asynqmutex.Option{asynqmutex.For(orderedType), asynqmutex.On("key"), asynqmutex.TTL(2 * time.Second),
+		asynqmutex.InOrder(g.insp), asynqmutex.OrderGrace(grace), asynqmutex.Observe(g.log.observe), asynqmutex.HaltOnFailure()}
+	g.prod = asynqmutex.NewProducer(mutex.New(g.rdb), g.cli, g.opts...)
+	first := g.enqueue(t, 1, asynq.MaxRetry(0), asynq.Timeout(time.Second))
+	g.enqueue(t, 2)
+	key, err := g.prod.Key(context.Background(), asynq.NewTask(orderedType, payload(t, orderPayload{Key: "k"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cut atomic.Bool
+	g.start(t, func(ctx context.Context, task *asynq.Task) error {
+		if id, _ := asynq.GetTaskID(ctx); id == first && !cut.Swap(true) {
+			<-ctx.Done()
+			return fmt.Errorf("the ledger call timed out: %w", ctx.Err())
+		}
+		return g.log.handler(ctx, task)
+	})
+	waitFor(t, 30*time.Second, "the key halted at place 1", func() (bool, string) {
+		st, err := g.seq.Inspect(context.Background(), key)
+		return err == nil && st.Halted == 1, fmt.Sprintf("%+v, %v", st, err)
+	})
+	halts := g.log.eventsOf(asynqmutex.OpOrderHalted)
+	var he *asynqmutex.HaltError
+	if len(halts) == 0 || !errors.As(halts[0].Err, &he) || he.Place != 1 || he.TaskID != first {
+		t.Errorf("OpOrderHalted events %v, want one naming place 1 and task %s", halts, first)
+	}
+	// A task on its last try takes the next place behind the halted one.
+	g.enqueue(t, 3, asynq.MaxRetry(0))
+	time.Sleep(4 * grace)
+	if n := g.log.done(); n != 0 {
+		t.Fatalf("%d tasks ran behind the halted place, want none; runs %v", n, g.log.runs)
+	}
+	if info, err := g.insp.GetTaskInfo("default", g.ids[2]); err != nil || info.State == asynq.TaskStateArchived {
+		t.Fatalf("task 3, on its last try behind the halted place, is %v (%v); want it waiting, not archived at once", info.State, err)
+	}
+	if err := g.insp.RunTask("default", first); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := g.ran(t, 3, 30*time.Second), names(1, 2, 3); !slices.Equal(got, want) {
+		t.Fatalf("ran %v after task 1 was run again, want %v", got, want)
+	}
+	if len(g.skips()) != 0 {
+		t.Errorf("places skipped %v, want none", g.skips())
+	}
+}

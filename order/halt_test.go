@@ -28,8 +28,11 @@ func TestHalt(t *testing.T) {
 
 	key := uniqueKey(t)
 	ps := places(key)
+	if n, err := s.Finish(ctx, key, ps[0], Halted); n != 1 || err != nil {
+		t.Fatalf("Finish(Halted) = %d, %v; want 1: it halted the key at place 1, moving nothing", n, err)
+	}
 	if n, err := s.Finish(ctx, key, ps[0], Halted); n != 0 || err != nil {
-		t.Fatalf("Finish(Halted) = %d, %v; want 0: nothing moved", n, err)
+		t.Fatalf("Finish(Halted) again = %d, %v; want 0: halted there already", n, err)
 	}
 	st, err := s.Inspect(ctx, key)
 	if err != nil || st.Halted != 1 || st.Next != 1 || !st.Holder.Halted || st.HaltedFor < 0 || st.HaltedFor > time.Minute {

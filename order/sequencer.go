@@ -315,9 +315,10 @@ var howArgs = [...]string{Done: "done", Skipped: "skip", Abandoned: "abandon", H
 // Finish marks place p of key finished, if it is the key's next, and wakes the key's
 // waiters (Await), in one script call. It reports the key's next place after it, or
 // 0 when p was not the key's next (another call finished it, or, for Abandoned, an
-// earlier place is not finished), the key has no sequence of p's epoch, the key
-// halted at p and how is Skipped, or how is Halted: then nothing changed, but for
-// Abandoned's and Halted's marks. Places after p that were abandoned are finished
+// earlier place is not finished), the key has no sequence of p's epoch, or the key
+// halted at p and how is Skipped: then nothing changed, but for Abandoned's mark. For
+// Halted it reports p when the call halted the key, and 0 when it was halted there
+// already or p is not its next. Places after p that were abandoned are finished
 // with it. Finish returns an error if how is not one of the Hows, or Redis could not
 // be reached; a call go-redis sends again finds the place
 // finished and returns 0. When the new next place's task parked (Park), the

@@ -12,7 +12,8 @@
 --            failed for good and the key halts there)
 --
 -- 'halt' moves nothing: the key's next place is marked halted (HALTED, layout.go),
--- and the waiters are told as by requeue.lua, to judge the key again. A halted place
+-- and the waiters are told as by requeue.lua, to judge the key again; next is then
+-- the place when this call halted the key, 0 when it was halted there already. A halted place
 -- is not moved past by 'skip' (nothing changes); 'done' and 'force' move past it and
 -- drop the mark.
 --
@@ -38,11 +39,13 @@ local nxt = tonumber(got[2])
 if p == nxt and (how == 'halt' or how == 'skip') then
   local at = haltedAt(key)
   if how == 'halt' then
+    local halted = 0
     if at ~= p then
       redis.call('HSET', key, HALTED, int(p) .. ' ' .. int(now()))
+      halted = p
     end
     redis.call('PUBLISH', key, epoch .. ':' .. int(p) .. REQUEUED)
-    return {0, '', '', 0}
+    return {halted, '', '', 0}
   elseif at == p then
     return {0, '', '', 0}
   end

@@ -42,8 +42,8 @@ const (
 	ParkNever
 )
 
-// Park lets an acquisition of one key (Lock, WithLock; with Limit(n) too; not a set
-// of keys) that finds the key busy leave its place in the key's line to a parked
+// Park lets an acquisition (Lock, WithLock; with Limit(n) too; LockKeys,
+// WithLockKeys) that finds a key busy leave its place in the key's line to a parked
 // entry for ticket, and return an error wrapping ErrNotObtained and ErrParked, rather
 // than wait on or leave the line: at once, or when its wait in the process ends at
 // MaxWait, as mode says. A wait that ends with the context does not park; nor does a
@@ -59,6 +59,21 @@ const (
 // the hand-over. A task that arrives before its turn (its own fallback, a run by
 // hand) keeps its place. A lock handed to a ticket whose task does not come within
 // claim frees when the claim ends.
+//
+// A set of keys parks holding nothing. It takes its keys in their fixed order,
+// claiming those handed to its ticket; at the first busy one it waits in the process,
+// keeping the keys before it, as LockKeys does, or parks in that key's line: then it
+// gives back every other key it holds or that was handed to its ticket, each handed
+// to its line's next as a release hands it (their Starters' tickets are started),
+// and parks in one line only (BusyKey names that key). When that key is handed to
+// the ticket, the task arrives and takes its keys in order again; meeting another
+// busy key, it gives back the one handed to it and parks at that one. On a single
+// Redis that is one script call; where keys live on several servers (Redis Cluster,
+// Ring), the keys are given back, a release call each, before the call that parks,
+// so that a parked task never holds a key. There is no order across lines: a set may
+// be passed over again and again by tasks of one of its keys, which take the key
+// while the set waits at another; in exchange, nothing waits on a key the set does
+// not use.
 //
 // With Limit(n) the line is the slots' own, and what is handed over is a slot: each
 // slot freed (a release, or a lease that ran out, noticed by the next attempt) goes

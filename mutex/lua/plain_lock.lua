@@ -22,15 +22,30 @@
 --            queue if nobody else does (an entry other than a parked one), and parks
 --            otherwise; "wait" waits; "park" parks now, in its own entry's place if it
 --            has one
+-- ARGV[13] -> with a ticket, where several locks are taken in calls of their own
+--            (Redis Cluster): "ask" replies {-4, pttl, i} at a busy lock where the
+--            caller would park, and changes nothing (the caller first gives back the
+--            locks of its other calls); "only" parks at the lock and takes nothing: a
+--            lock nobody holds goes to the first in line, maybe the caller's own
+--            ticket; "" otherwise
 --
 -- A lock and its queue share a hash tag, so one Redis Cluster slot; several locks are
 -- in several slots, so in Redis Cluster the caller sends one lock per call.
 -- Returns {fence 1, ..., fence n} when all locks are ours; {0, pttl, i} when lock i
 -- is the first that another token holds (pttl is -1 when the key has no expiry);
 -- {-1, 0, i} when lock i is a lock with Limit(n) (a hash, see slots.lua); {-2, pttl,
--- i} when the caller parked at lock i. Any of these is followed by the tickets of
--- parked tasks a hand-over asks the caller to start, as handOver (plain.lua) gives
--- them.
+-- i} when the caller parked at lock i; {-4, pttl, i} when it would have (ARGV[13]
+-- "ask"). Any of these is followed by the tickets of parked tasks a hand-over asks
+-- the caller to start, as handOver (plain.lua) gives them.
+--
+-- Several locks with a ticket: a parked task holds nothing. The caller takes the
+-- locks in order, claiming those handed to its ticket; at the first busy one it
+-- either waits there, keeping the locks before it, or parks there: then it gives
+-- back, in the same call, every other lock it holds or that was handed to its
+-- ticket, each to its own line's next as a release does (letGo, plain.lua), and
+-- leaves their lines. Waiting or parked, it gives back the locks after the busy one
+-- that were handed to its ticket, and leaves their lines, so that it never holds a
+-- lock after one it waits for.
 --
 -- A parked task (layout.go) that arrives finding the lock handed to its ticket takes
 -- it under its own identity, with the fence of the hand-over: nobody held it between.
@@ -75,6 +90,9 @@ end
 -- without an entry. It returns what take does: 0 (busy) or -2 (parked), and pttl.
 local function line(lock, q, v, e, pttl, ticket, start, i)
   if e and ticket then
+    if ARGV[13] == 'ask' and not waits(ARGV[12], place(q, e, ticket)) then
+      return -4, pttl
+    end
     local r = 0
     if park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
       r = -2
@@ -89,9 +107,37 @@ local function line(lock, q, v, e, pttl, ticket, start, i)
   return 0, pttl
 end
 
+-- parkOnly parks the caller (entry e, ticket) in the line of lock (queue q), whose
+-- value is v, taking nothing (ARGV[13] "only"): a lock it holds, or that was handed
+-- to its ticket, is given back, and a lock nobody holds goes to the first in line,
+-- as a release would give them, after the caller took its place; that may be the
+-- caller's own ticket, then named to start. It returns what take does: -2, pttl.
+local function parkOnly(lock, q, v, id, e, ticket, start, i)
+  local pttl = redis.call('PTTL', lock)
+  park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], 'park', start, i)
+  if v and held(v) then
+    local r = nil
+    if ours(v, id) then
+      r = id
+    elseif ours(v, parkedId(ticket)) then
+      r = parkedId(ticket)
+    end
+    if r then -- to the line, which holds the caller now
+      letGo(lock, q, withState(v, WAITED), r, ARGV[7], ARGV[8], start, i, TOMBSTONE_MILLIS)
+    elseif string.byte(v, STATE_AT) == HELD then
+      redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL') -- its release looks at the line
+    end
+  else
+    markReleased(lock, v)
+    serve(lock, q, v, previous(v), ARGV[7], ARGV[8], nil, nil, start, i)
+  end
+  return -2, redis.call('PTTL', lock)
+end
+
 -- take takes lock (queue q) or queues the waiter (head, its entry's head; "" for
--- none), or parks it (ARGV[9..12]); it returns the fence (0: busy, -1: a lock with
--- Limit(n) holds the key, -2: parked) and the remaining lease of the holder.
+-- none), or parks it (ARGV[9..13]); it returns the fence (0: busy, -1: a lock with
+-- Limit(n) holds the key, -2: parked, -4: would park) and the remaining lease of the
+-- holder.
 local function take(lock, q, id, ttl, head, queued, desc, start, i)
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- an error: a lock with Limit(n), a hash, holds the key
@@ -104,6 +150,9 @@ local function take(lock, q, id, ttl, head, queued, desc, start, i)
   local ticket = nil
   if ARGV[9] ~= '' then
     ticket = ARGV[9]
+  end
+  if e and ticket and ARGV[13] == 'only' then
+    return parkOnly(lock, q, v, id, e, ticket, start, i)
   end
   if v and held(v) then
     if ours(v, id) then
@@ -145,6 +194,41 @@ local start = {}
 local function reply(r)
   return withTickets(r, start)
 end
+
+local ticket = nil -- of a task that may park (ARGV[9])
+if ARGV[9] ~= '' then
+  ticket = ARGV[9]
+end
+
+-- handedToTicket reports whether value v is a lock handed to the ticket.
+local function handedToTicket(v)
+  return ticket ~= nil and ours(v, parkedId(ticket))
+end
+
+-- leave takes the caller out of the line of lock j (its waiter entry e, if any, and
+-- its ticket's parked entries) and gives the lock back if the caller holds it or it
+-- was handed to the ticket: to its line's next, as a release does (letGo).
+local function leave(j, e)
+  local lock, q = KEYS[2 * j - 1], KEYS[2 * j]
+  if e then
+    redis.call('LREM', q, 0, e)
+  end
+  unpark(q, ticket)
+  local v = redis.pcall('GET', lock)
+  if type(v) ~= 'string' or not held(v) then
+    return
+  end
+  local r = nil
+  if ours(v, ARGV[1]) then
+    r = ARGV[1]
+  elseif handedToTicket(v) then
+    r = parkedId(ticket)
+  end
+  if r then
+    letGo(lock, q, v, r, ARGV[7], ARGV[8], start, j, TOMBSTONE_MILLIS)
+  end
+end
+
 if ARGV[6] == '1' and n > 1 then
   -- All or none: find a busy lock before taking any. A free lock with listening
   -- waiters is busy: it goes to them.
@@ -155,7 +239,7 @@ if ARGV[6] == '1' and n > 1 then
       return reply({-1, 0, i})
     end
     if v and held(v) then
-      if not ours(v, ARGV[1]) then
+      if not ours(v, ARGV[1]) and not handedToTicket(v) then
         return reply({0, redis.call('PTTL', lock), i})
       end
     elseif serve(lock, q, v, previous(v), ARGV[7], ARGV[8], nil, nil, start, i) == 'other' then
@@ -168,6 +252,15 @@ local fences = {}
 for i = 1, n do
   local f, pttl = take(KEYS[2 * i - 1], KEYS[2 * i], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], start, i)
   if f <= 0 then
+    if ticket and ARGV[3] ~= '' and (f == 0 or f == -2) then
+      -- A parked task holds nothing; a waiting one nothing after the lock it waits for.
+      local e = ARGV[3] .. ' ' .. ARGV[1] .. ARGV[5]
+      for j = 1, n do
+        if j > i or (f == -2 and j < i) then
+          leave(j, e)
+        end
+      end
+    end
     return reply({f, pttl, i})
   end
   fences[i] = f

@@ -224,3 +224,24 @@ func TestParkedSetRepeatedCallsKeepOneEntry(t *testing.T) {
 		require.NoError(t, l.Unlock(ctx))
 	})
 }
+
+func TestParkedSetLeadStartsTheHead(t *testing.T) {
+	// Under ParkLead, a set that parks behind a line where nobody waits in a process
+	// starts the head of the line ahead of its turn, as one key does.
+	eachForSets(t, func(t *testing.T, p parkedSet) {
+		ctx := context.Background()
+		k := uniqueKey(t)
+		a, bk := k+":a", k+":b"
+		s := newStarts()
+		hb, err := p.c.TryLock(ctx, bk, 10*time.Second)
+		require.NoError(t, err)
+		_, err = p.c.Lock(ctx, bk, 10*time.Second, Park("y", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+		_, err = p.c.LockKeys(ctx, []string{a, bk}, 10*time.Second, Park("t", 5*time.Second, ParkLead), MaxWait(10*time.Second), StartWith(s.start))
+		require.ErrorIs(t, err, ErrParked, "y is ahead of it: it parks")
+		assert.Equal(t, Parked{Key: bk, Ticket: "y"}, s.next(t, 5*time.Second), "and starts y, as nobody waits in a process")
+		assert.Equal(t, []string{"y", "t"}, p.tickets(t, bk))
+		assert.False(t, p.locked(t, a))
+		require.NoError(t, hb.Unlock(ctx))
+	})
+}

@@ -163,7 +163,7 @@ func (k plainKind) parkApart(ctx context.Context, a *acquisition, w *waiter, o o
 	}
 	limited := -1
 	args := []any{a.id, a.ttl.Milliseconds(), w.head, "1", a.desc, "0", k.c.channels, k.c.countsSubscribers,
-		a.park.ticket, a.park.claim.Milliseconds(), parkedDescription(a.by), "park", "only"}
+		a.park.ticket, a.park.claim.Milliseconds(), parkedDescription(a.by), a.parkMode(), "only"}
 	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys[2*i:2*i+2], 2, args,
 		func(b []string, cmd *redis.Cmd) bool {
 			var res []int64

@@ -108,22 +108,30 @@ local function line(lock, q, v, e, pttl, ticket, start, i)
 end
 
 -- parkOnly parks the caller (entry e, ticket) in the line of lock (queue q), whose
--- value is v, taking nothing (ARGV[13] "only"): a lock it holds, or that was handed
--- to its ticket, is given back, and a lock nobody holds goes to the first in line,
+-- value is v, taking nothing (ARGV[13] "only"): a lock it holds is given back, a lock
+-- handed to its ticket stays so, and a lock nobody holds goes to the first in line,
 -- as a release would give them, after the caller took its place; that may be the
--- caller's own ticket, then named to start. It returns what take does: -2, pttl.
+-- caller's own ticket, then named to start. In mode "lead" (ARGV[12]) the head is
+-- started ahead when nobody else waits, as park starts it. It returns what take
+-- does: -2, pttl.
 local function parkOnly(lock, q, v, id, e, ticket, start, i)
   local pttl = redis.call('PTTL', lock)
+  if v and held(v) and ours(v, parkedId(ticket)) then
+    -- Handed to the ticket already (by this call sent before, its reply lost, or by a
+    -- release since): its turn has come. It is named to start again, as not started
+    -- yet, since its task is still returning from its park.
+    redis.call('LREM', q, 0, e)
+    start[#start + 1] = i .. ' ' .. PARKED .. ticket
+    return -2, pttl
+  end
+  local _, _, _, waiting = place(q, e, ticket)
   park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], 'park', start, i)
+  if ARGV[12] == 'lead' and not waiting then
+    prestart(q, start, i) -- as park does for a lead: nobody is on the way, the head goes
+  end
   if v and held(v) then
-    local r = nil
-    if ours(v, id) then
-      r = id
-    elseif ours(v, parkedId(ticket)) then
-      r = parkedId(ticket)
-    end
-    if r then -- to the line, which holds the caller now
-      letGo(lock, q, withState(v, WAITED), r, ARGV[7], ARGV[8], start, i, TOMBSTONE_MILLIS)
+    if ours(v, id) then -- to the line, which holds the caller now
+      letGo(lock, q, withState(v, WAITED), id, ARGV[7], ARGV[8], start, i, TOMBSTONE_MILLIS)
     elseif string.byte(v, STATE_AT) == HELD then
       redis.call('SET', lock, withState(v, WAITED), 'KEEPTTL') -- its release looks at the line
     end

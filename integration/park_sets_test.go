@@ -126,6 +126,13 @@ func TestParkSeveralKeys(t *testing.T) {
 		if inWorkers > 1 {
 			t.Errorf("up to %d of A's line waited in a worker, want the lead alone (%s)", inWorkers, desc)
 		}
+		active, err := e.insp.ListActiveTasks("default")
+		if err != nil {
+			t.Fatalf("ListActiveTasks: %v", err)
+		}
+		if len(active) > 2 {
+			t.Errorf("%d tasks hold a worker, want hold and the lead at most", len(active))
+		}
 		for _, acct := range []string{"B", "C"} {
 			if held, waiting, _, desc := inspect(acct); held || waiting != 0 {
 				t.Errorf("a parked transfer holds or waits for its other account: %s", desc)

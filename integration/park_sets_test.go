@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -188,4 +189,68 @@ func TestParkSeveralKeys(t *testing.T) {
 			t.Error("two transfers on one account ran at once, unseen: the checker cannot see a broken lock")
 		}
 	})
+}
+
+// TestParkSeveralKeysBurst: transfers between random pairs of four accounts, on two
+// servers, all enqueued at once, under the default Park: every one runs, once, with
+// no two on one account at once and no retry spent, and a task parks about once, not
+// again and again: a task whose turn came at one account and that finds its other
+// busy waits for it, rather than hand its turn on (each giving back a key for one
+// that is on its way to another task, the keys went round and the accounts ran
+// almost nothing, long past the fallback).
+func TestParkSeveralKeysBurst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := newSetRecorder()
+	close(r.release)
+	var (
+		evMu      sync.Mutex
+		conflicts int
+	)
+	for range 2 {
+		locks, _ := newLocks(t, e.opt)
+		mw := asynqmutex.Middleware(locks, asynqmutex.OnEach("from", "to"), asynqmutex.Scope("acct"), asynqmutex.TTL(parkTTL),
+			asynqmutex.Observe(func(_ context.Context, ev asynqmutex.Event) {
+				if ev.Op == asynqmutex.OpConflict {
+					evMu.Lock()
+					conflicts++
+					evMu.Unlock()
+				}
+			}))
+		startServer(t, e.opt, asynqmutex.Configure(asynq.Config{Concurrency: 5}), mw(r.handler()))
+	}
+	const n, accounts = 60, 4
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range n {
+		from := rng.IntN(accounts)
+		to := (from + 1 + rng.IntN(accounts-1)) % accounts
+		p := setPayload{From: fmt.Sprintf("a%d", from), To: fmt.Sprintf("a%d", to), N: fmt.Sprintf("t%d", i)}
+		e.enqueue(t, "set:task", payload(t, p), asynq.TaskID(p.N), asynq.MaxRetry(5), asynq.Retention(time.Hour))
+	}
+	waitFor(t, 3*parkTTL, fmt.Sprintf("%d transfers", n), func() (bool, string) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.ran) == n, fmt.Sprintf("ran %d", len(r.ran))
+	})
+	for i := range n {
+		if info := waitState(t, e.insp, "default", fmt.Sprintf("t%d", i), asynq.TaskStateCompleted, 10*time.Second); info.Retried != 0 {
+			t.Errorf("t%d spent %d retries, want 0", i, info.Retried)
+		}
+	}
+	evMu.Lock()
+	defer evMu.Unlock()
+	t.Logf("%d transfers, %d conflicts", n, conflicts)
+	if conflicts > 5*n {
+		t.Errorf("%d conflicts for %d transfers: tasks parked again and again", conflicts, n)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, runs := range r.runs {
+		if runs != 1 {
+			t.Errorf("%s ran %d times, want once", id, runs)
+		}
+	}
+	if len(r.overlaps) > 0 {
+		t.Errorf("%d overlaps, first: %s", len(r.overlaps), r.overlaps[0])
+	}
 }

@@ -136,6 +136,7 @@ type acquisition struct {
 	contended bool // an attempt found another holder: OpContended was reported
 	parkNow   bool // with Park: the wait in the process ended; the next attempt parks
 	cleared   bool // several keys apart, with Park: locks after a busy one were given back
+	claimed   bool // several keys apart, with Park: a lock handed to the ticket was claimed
 	kept      int  // several keys: how many the last attempt kept before a busy one
 	busy      int  // several keys: the index in keys' order of the last busy one
 	start     time.Time
@@ -221,13 +222,14 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 }
 
 // parkMode is what a's next attempt does at a busy lock, for plain_lock.lua and
-// slots_lock.lua: it parks
-// now once its wait in the process has ended (parkNow).
+// slots_lock.lua: it parks now once its wait in the process has ended (parkNow). A
+// set whose turn came at one of its keys (claimed) waits, as plain_lock.lua has it
+// do in the call that claims.
 func (a *acquisition) parkMode() string {
 	switch {
 	case a.parkNow:
 		return "park"
-	case a.park.mode == ParkLead:
+	case a.park.mode == ParkLead && !a.claimed:
 		return "lead"
 	}
 	return "wait" // ParkAfterWait, ParkNever

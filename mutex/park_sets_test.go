@@ -2,6 +2,7 @@ package mutex
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -243,5 +244,53 @@ func TestParkedSetLeadStartsTheHead(t *testing.T) {
 		assert.Equal(t, []string{"y", "t"}, p.tickets(t, bk))
 		assert.False(t, p.locked(t, a))
 		require.NoError(t, hb.Unlock(ctx))
+	})
+}
+
+func TestParkedSetWhoseTurnCameWaitsForItsNextKey(t *testing.T) {
+	// A set handed a key, arriving, finds a later key busy: under ParkLead it waits
+	// there in its process, keeping the key its turn came at, rather than give its
+	// turn back and park: sets whose turns came at one key each would otherwise pass
+	// their keys round, each waiting for one on its way to another, and none run.
+	eachForSets(t, func(t *testing.T, p parkedSet) {
+		ctx := context.Background()
+		k := uniqueKey(t)
+		a, bk := k+":a", k+":b"
+		s := newStarts()
+		ha, err := p.c.TryLock(ctx, a, 10*time.Second, StartWith(s.start))
+		require.NoError(t, err)
+		p.parkSet(t, []string{a, bk}, "t", a, s)
+		hb, err := p.c.TryLock(ctx, bk, 10*time.Second)
+		require.NoError(t, err)
+		// b's line holds a task parked: a lead would park behind it.
+		_, err = p.c.Lock(ctx, bk, 10*time.Second, Park("y", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+		require.NoError(t, ha.Unlock(ctx))
+		assert.Equal(t, Parked{Key: a, Ticket: "t"}, s.next(t, 5*time.Second))
+
+		got := make(chan error, 1)
+		go func() {
+			l, err := p.c.LockKeys(ctx, []string{a, bk}, 10*time.Second, Park("t", 5*time.Second, ParkLead), MaxWait(20*time.Second), HeldBy("set", "t"))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			got <- err
+		}()
+		require.Eventually(t, func() bool {
+			return slices.Equal(p.tickets(t, bk), []string{"y", "waiter"})
+		}, 10*time.Second, 5*time.Millisecond, "t waits for b in its process, behind y")
+		in, err := p.c.Inspect(ctx, a)
+		require.NoError(t, err)
+		assert.Equal(t, "t", in.Holder.ID, "keeping a, where its turn came")
+		require.NoError(t, hb.Unlock(ctx)) // b goes to y, whose task comes and goes
+		ly, err := p.c.Lock(ctx, bk, 10*time.Second, Park("y", 5*time.Second, ParkLead), MaxWait(10*time.Second))
+		require.NoError(t, err)
+		require.NoError(t, ly.Unlock(ctx))
+		select {
+		case err := <-got:
+			require.NoError(t, err, "handed b, it takes both")
+		case <-time.After(20 * time.Second):
+			t.Fatal("t was not handed b")
+		}
 	})
 }

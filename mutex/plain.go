@@ -96,6 +96,11 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 			case len(res) == len(b)/2 && res[0] > 0:
 				fences = append(fences, res...)
 				return true
+			case apart != "" && len(res) == len(b)/2+1 && res[0] > 0 && res[len(res)-1] == 0:
+				// A lock handed to the ticket, claimed: see acquisition.claimed.
+				a.claimed = true
+				fences = append(fences, res[:len(res)-1]...)
+				return true
 			default:
 				err = fmt.Errorf("unexpected reply %v", res)
 			}
@@ -104,6 +109,13 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 	if err != nil || !busy {
 		o.fences = fences
 		return o, -1, err
+	}
+	if ask && a.claimed && a.parkMode() == "wait" {
+		// Its turn came at a lock before this one, in an earlier call, which this
+		// one could not know: it waits rather than parks. The next attempt, at once,
+		// queues it here.
+		a.kept, o.pttl = len(fences), 0
+		return o, -1, nil
 	}
 	if ask {
 		a.kept = 0

@@ -35,8 +35,9 @@
 -- is the first that another token holds (pttl is -1 when the key has no expiry);
 -- {-1, 0, i} when lock i is a lock with Limit(n) (a hash, see slots.lua); {-2, pttl,
 -- i} when the caller parked at lock i; {-4, pttl, i} when it would have (ARGV[13]
--- "ask"). Any of these is followed by the tickets of parked tasks a hand-over asks
--- the caller to start, as handOver (plain.lua) gives them.
+-- "ask"). With ARGV[13] "ask", fences are followed by a 0 when a lock was claimed
+-- (handed to the ticket). Any of these is followed by the tickets of parked tasks a
+-- hand-over asks the caller to start, as handOver (plain.lua) gives them.
 --
 -- Several locks with a ticket: a parked task holds nothing. The caller takes the
 -- locks in order, claiming those handed to its ticket; at the first busy one it
@@ -45,7 +46,8 @@
 -- ticket, each to its own line's next as a release does (letGo, plain.lua), and
 -- leaves their lines. Waiting or parked, it gives back the locks after the busy one
 -- that were handed to its ticket, and leaves their lines, so that it never holds a
--- lock after one it waits for.
+-- lock after one it waits for. One that claimed a lock handed to its ticket waits,
+-- under "lead", rather than parks (see claimed).
 --
 -- A parked task (layout.go) that arrives finding the lock handed to its ticket takes
 -- it under its own identity, with the fence of the hand-over: nobody held it between.
@@ -85,16 +87,27 @@ local function enqueue(lock, q, v, e, pttl)
   end
 end
 
+-- claimed is set once this call claimed a lock handed to the ticket: the task's turn
+-- came at that lock. Under "lead" it then waits at a later busy lock, keeping the
+-- locks before it, rather than give its turn back and park: tasks whose turn came
+-- at one key each would otherwise hand their keys round and round, each giving its
+-- own back for another's that is on its way to its task, and none would run.
+local claimed = false
+
 -- line puts the caller in the line of lock (queue q), held by another with value v
 -- and pttl ms left: as a waiter (entry e), or parked when it has a ticket; nobody
 -- without an entry. It returns what take does: 0 (busy) or -2 (parked), and pttl.
 local function line(lock, q, v, e, pttl, ticket, start, i)
   if e and ticket then
-    if ARGV[13] == 'ask' and not waits(ARGV[12], place(q, e, ticket)) then
+    local mode = ARGV[12]
+    if claimed and mode == 'lead' then
+      mode = 'wait'
+    end
+    if ARGV[13] == 'ask' and not waits(mode, place(q, e, ticket)) then
       return -4, pttl
     end
     local r = 0
-    if park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, i) == 'parked' then
+    if park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], mode, start, i) == 'parked' then
       r = -2
     end
     if string.byte(v, STATE_AT) == HELD then
@@ -173,6 +186,7 @@ local function take(lock, q, id, ttl, head, queued, desc, start, i)
     if ticket and ours(v, parkedId(ticket)) then
       -- Handed to our ticket: ours now, under our own identity and lease.
       -- Since the hand-over, which is when the lock became its.
+      claimed = true
       local _, prev = holder(v)
       local f = fenceOf(v)
       redis.call('SET', lock, value(f, string.byte(v, STATE_AT), tonumber(string.sub(v, SINCE_AT, ID_AT - 1)), id .. desc, prev), 'PX', ttl)
@@ -272,5 +286,8 @@ for i = 1, n do
     return reply({f, pttl, i})
   end
   fences[i] = f
+end
+if claimed and ARGV[13] == 'ask' then
+  fences[n + 1] = 0 -- tells the caller, whose next calls do not know it
 end
 return reply(fences)

@@ -66,8 +66,12 @@ const (
 // gives back every other key it holds or that was handed to its ticket, each handed
 // to its line's next as a release hands it (their Starters' tickets are started),
 // and parks in one line only (BusyKey names that key). When that key is handed to
-// the ticket, the task arrives and takes its keys in order again; meeting another
-// busy key, it gives back the one handed to it and parks at that one. On a single
+// the ticket, the task arrives and takes its keys in order again. Meeting a busy key
+// after it, under ParkLead it waits there in the process, keeping the keys before
+// it, until MaxWait ends and it parks: its turn came, and sets that gave such turns
+// back would pass their keys round, each for one on its way to another, none
+// running. Meeting a busy key before it, it gives back the one handed to it and
+// parks at that one. On a single
 // Redis that is one script call; where keys live on several servers (Redis Cluster,
 // Ring), the keys are given back, a release call each, before the call that parks,
 // so that a parked task never holds a key. There is no order across lines: a set may

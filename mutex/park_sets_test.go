@@ -2,7 +2,11 @@ package mutex
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -292,5 +296,113 @@ func TestParkedSetWhoseTurnCameWaitsForItsNextKey(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("t was not handed b")
 		}
+	})
+}
+
+// TestParkedSetsUnderContention runs tasks of random overlapping sets of keys that
+// park, each started again by its line (a Starter that wakes it) or by its fallback
+// (a claim later): every task must run once, none overlapping another on a key, and
+// tasks must park about once each, not hand their keys round.
+func TestParkedSetsUnderContention(t *testing.T) {
+	run := func(t *testing.T, c *Client) {
+		k := uniqueKey(t)
+		keys := []string{k + ":0", k + ":1", k + ":2", k + ":3"}
+		const tasks = 40
+		const claim = time.Second
+		var (
+			mu       sync.Mutex
+			inside   = map[string]int{}
+			overlaps int
+			parks    int
+			woken    = make([]chan struct{}, tasks)
+		)
+		for i := range woken {
+			woken[i] = make(chan struct{}, 1)
+		}
+		starter := func(_ context.Context, p Parked) bool {
+			var i int
+			if _, err := fmt.Sscanf(p.Ticket, "t%d", &i); err == nil && i >= 0 && i < tasks {
+				select {
+				case woken[i] <- struct{}{}:
+				default:
+				}
+			}
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make(chan error, tasks)
+		for i := range tasks {
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			set := slices.Clone(keys)
+			r.Shuffle(len(set), func(a, b int) { set[a], set[b] = set[b], set[a] })
+			set = set[:2]
+			ticket := fmt.Sprintf("t%d", i)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for attempt := 0; ; attempt++ {
+					if attempt == 100 {
+						errs <- fmt.Errorf("%s %q: parked 100 times", ticket, set)
+						return
+					}
+					err := c.WithLockKeys(ctx, set, 2*time.Second, func(context.Context) error {
+						mu.Lock()
+						for _, key := range set {
+							if inside[key]++; inside[key] > 1 {
+								overlaps++
+							}
+						}
+						mu.Unlock()
+						time.Sleep(time.Millisecond)
+						mu.Lock()
+						for _, key := range set {
+							inside[key]--
+						}
+						mu.Unlock()
+						return nil
+					}, Park(ticket, claim, ParkLead), MaxWait(200*time.Millisecond), StartWith(starter))
+					if !errors.Is(err, ErrParked) {
+						if err != nil {
+							errs <- fmt.Errorf("%s %q: %w", ticket, set, err)
+						}
+						return
+					}
+					mu.Lock()
+					parks++
+					mu.Unlock()
+					select { // started by its line, or back by its fallback
+					case <-woken[i]:
+					case <-time.After(claim):
+					case <-ctx.Done():
+						errs <- fmt.Errorf("%s %q: %w", ticket, set, ctx.Err())
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		t.Logf("%d tasks, %d parks", tasks, parks)
+		assert.Zero(t, overlaps, "sections overlapped on a key")
+		assert.LessOrEqual(t, parks, 5*tasks, "tasks parked again and again")
+	}
+	t.Run("redis-server", func(t *testing.T) {
+		t.Parallel()
+		c := New(sharedServer(t))
+		t.Cleanup(func() { c.Close() })
+		run(t, c)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3)})
+		t.Cleanup(func() { rdb.Close() })
+		c := New(rdb)
+		t.Cleanup(func() { c.Close() })
+		run(t, c)
 	})
 }

@@ -125,9 +125,12 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 		// Locks after the busy one were not looked at: one may have been handed to
 		// the ticket (it parked there before). Give it back, once: the ticket then
 		// stands in no other line, so nothing more is handed to it.
+		// With the waiter's entry, this is no release sent again: the ticket is the
+		// task's for all its acquisitions, and a lock its earlier one handed on must
+		// not make this one name that lock's new holder to start again.
 		a.cleared = true
 		rest := a.keys[2*(a.busy+1):]
-		_, hs, _ := k.release(ctx, rest, parkedIdentity(a.park.ticket), "", 0, a.park.ticket)
+		_, hs, _ := k.release(ctx, rest, parkedIdentity(a.park.ticket), w.entry, 0, a.park.ticket)
 		o.handed = append(o.handed, hs...)
 	}
 	switch {
@@ -167,7 +170,7 @@ func (k plainKind) parkApart(ctx context.Context, a *acquisition, w *waiter, o o
 	if err == nil && !a.cleared {
 		// The calls before lock i claimed what was handed to the ticket there.
 		a.cleared = true
-		_, hs, err = k.release(ctx, a.keys[2*i+2:], parkedIdentity(a.park.ticket), "", 0, a.park.ticket)
+		_, hs, err = k.release(ctx, a.keys[2*i+2:], parkedIdentity(a.park.ticket), w.entry, 0, a.park.ticket)
 		o.handed = append(o.handed, hs...)
 	}
 	if err != nil {

@@ -31,6 +31,8 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	wait, held := mutex.MaxWait(m.waitLeft(ctx, tk)), mutex.HeldBy(tk.Type(), tk.meta.id)
 	var err error
 	switch park := m.parking(ctx, tk); {
+	case tk.keys != nil && park != nil:
+		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, park[0], park[1], held, m.startWith)
 	case tk.keys != nil:
 		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held, m.startWith)
 	case park != nil && m.rates != nil && m.parksUntil(ctx, tk):
@@ -55,6 +57,9 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 		if tk.keys == nil {
 			m.unwatchLease(tk.key, done)
 		}
+		for _, k := range tk.keys {
+			m.unwatchLease(k, done)
+		}
 		if tk.ran && errors.Is(err, mutex.ErrNotHeld) {
 			tk.leaseLost = err
 		}
@@ -72,22 +77,23 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 		le.Key = busy
 	}
 	if left, ok := mutex.LeaseLeft(err); ok && left >= 0 {
-		m.watchLease(tk.key, left)
+		m.watchLease(le.Key, left) // the key it parked at, of several
 	}
 	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked)}
 }
 
 // parking is what task tk's lock (or its slot of a Limit(n) key) is taken with
 // under Park: mutex.Park and its MaxWait, or nil when the task has no ticket: under
-// another policy; with several keys; outside an asynq server, which alone can start
-// it again. The first task in the line waits up to LeadWait before it parks; with
+// another policy; outside an asynq server, which alone can start it again. A task
+// with several keys parks in the line of the first busy one, holding none of them.
+// The first task in the line waits up to LeadWait before it parks; with
 // MaxWait, every task waits up to MaxWait first. A task that must not park (on its last try, past a
 // reschedule cap, or with less than DeadlineMargin left before its deadline) still
 // takes its ticket: it claims the key if its line handed it over, and waits in its
 // entry's place.
 func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 	left := m.waitLeft(ctx, tk) // sets lastTry and pastCap
-	if m.policy != Park || tk.keys != nil || tk.meta.id == "" || tk.meta.queue == "" {
+	if m.policy != Park || tk.meta.id == "" || tk.meta.queue == "" {
 		return nil
 	}
 	mode, wait := mutex.ParkAfterWait, left

@@ -111,11 +111,13 @@ const (
 	//
 	// Park applies to a task's lock, run by an asynq server: one key, or one slot of
 	// a Limit(n) key, whose line hands each slot freed to the first in line as a
-	// lock's line hands the key; to its turn under InOrder; and to its rate and
-	// pauses. A task that finds several keys (OnEach) busy, or its start further
-	// ahead, is sent back as under RetryLater(DefaultRetryDelay) (its rate: for the
-	// time until a start is free). A task with no retry left waits as RetryLater
-	// says, in its place in the line if it has one. MaxReschedules and
+	// lock's line hands the key, or several keys (OnEach, KeysBy), which park in the
+	// line of the first busy one holding none of the others (handed that one, a task
+	// waits up to LeadWait, or MaxWait, in its worker for a busy key after it); to
+	// its turn under InOrder; and to its rate and pauses. A task whose start is
+	// further ahead is sent back as under RetryLater(DefaultRetryDelay) (for the time
+	// until a start is free). A task with no retry left waits as RetryLater says, in
+	// its place in the line if it has one. MaxReschedules and
 	// MaxRescheduleTime count parks too. See docs/conflicts.md for the line, its
 	// bounds and its failure cases.
 	Park Policy = -3
@@ -132,7 +134,7 @@ const (
 )
 
 // DefaultRetryDelay is the delay of RetryLater's examples and of what Park sends back
-// rather than park (several keys busy, a start further ahead than Park holds):
+// rather than park (a start further ahead than Park holds):
 // RetryLater(DefaultRetryDelay). asynq moves due retries back to their queue every DelayedTaskCheckInterval (5 s by
 // default) and stores retry times in whole seconds, so shorter delays are not kept.
 const DefaultRetryDelay = 5 * time.Second

@@ -117,7 +117,8 @@ func (c *Client) TryLockKeys(ctx context.Context, keys []string, ttl time.Durati
 //
 // The price of that order: while a set waits for its last busy key, the keys it
 // keeps are busy for anyone else. With keys that are each busy briefly this costs
-// little; TryLockKeys takes nothing while it fails.
+// little; TryLockKeys takes nothing while it fails, and a set that parks (Park) holds
+// none of its keys.
 func (c *Client) LockKeys(ctx context.Context, keys []string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
 	a, err := c.newMultiAcquisition(keys, ttl, opts)
 	if err != nil {
@@ -134,6 +135,8 @@ type acquisition struct {
 	renewed   bool // WithLock renews the lease: a hand-over may give a short one
 	contended bool // an attempt found another holder: OpContended was reported
 	parkNow   bool // with Park: the wait in the process ended; the next attempt parks
+	cleared   bool // several keys apart, with Park: locks after a busy one were given back
+	claimed   bool // several keys apart, with Park: a lock handed to the ticket was claimed
 	kept      int  // several keys: how many the last attempt kept before a busy one
 	busy      int  // several keys: the index in keys' order of the last busy one
 	start     time.Time
@@ -193,9 +196,6 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 	if a.limit > 1 {
 		return nil, fmt.Errorf("mutex: lock %s: Limit(%d) applies to one key; a set of keys takes plain locks", a.what(), a.limit)
 	}
-	if a.park != nil {
-		return nil, fmt.Errorf("mutex: lock %s: Park applies to one key", a.what())
-	}
 	for _, r := range sorted {
 		a.keys = append(a.keys, r, a.kind.queue(r))
 	}
@@ -222,17 +222,22 @@ func (c *Client) configure(a *acquisition, opts []LockOption) {
 }
 
 // parkMode is what a's next attempt does at a busy lock, for plain_lock.lua and
-// slots_lock.lua: it parks
-// now once its wait in the process has ended (parkNow).
+// slots_lock.lua: it parks now once its wait in the process has ended (parkNow). A
+// set whose turn came at one of its keys (claimed) waits, as plain_lock.lua has it
+// do in the call that claims.
 func (a *acquisition) parkMode() string {
 	switch {
 	case a.parkNow:
 		return "park"
-	case a.park.mode == ParkLead:
+	case a.park.mode == ParkLead && !a.claimed:
 		return "lead"
 	}
 	return "wait" // ParkAfterWait, ParkNever
 }
+
+// apart reports whether a takes several locks in calls of their own: they live on
+// several servers (Redis Cluster, Ring).
+func (a *acquisition) apart() bool { return a.given != nil && !a.c.run.OneNode() }
 
 // what is the acquisition's key or keys, for errors.
 func (a *acquisition) what() string { return showKeys(a.key, a.given) }

@@ -42,8 +42,8 @@ const (
 	ParkNever
 )
 
-// Park lets an acquisition of one key (Lock, WithLock; with Limit(n) too; not a set
-// of keys) that finds the key busy leave its place in the key's line to a parked
+// Park lets an acquisition (Lock, WithLock; with Limit(n) too; LockKeys,
+// WithLockKeys) that finds a key busy leave its place in the key's line to a parked
 // entry for ticket, and return an error wrapping ErrNotObtained and ErrParked, rather
 // than wait on or leave the line: at once, or when its wait in the process ends at
 // MaxWait, as mode says. A wait that ends with the context does not park; nor does a
@@ -60,6 +60,24 @@ const (
 // hand) keeps its place. A lock handed to a ticket whose task does not come within
 // claim frees when the claim ends.
 //
+// A set of keys parks holding nothing. It takes its keys in their fixed order,
+// claiming those handed to its ticket; at the first busy one it waits in the process,
+// keeping the keys before it, as LockKeys does, or parks in that key's line: then it
+// gives back every other key it holds or that was handed to its ticket, each handed
+// to its line's next as a release hands it (a parked task so handed a key is started
+// by this acquisition's Starter), and parks in one line only (BusyKey names that
+// key). When that key is handed to the ticket, the task arrives and takes its keys in
+// order again. Meeting a busy key after it, under ParkLead it waits there in the
+// process, keeping the keys before it, until MaxWait ends and it parks: its turn
+// came, and sets that gave such turns back would pass their keys round, each for one
+// on its way to another, none running. Meeting a busy key before it, it gives back
+// the one handed to it and parks at that one. On a single Redis that is one script
+// call; where keys live on several servers (Redis Cluster, Ring), the keys are given
+// back, a release call each, before the call that parks, so that a parked task never
+// holds a key. There is no order across lines: a set may be passed over again and
+// again by tasks of one of its keys, which take the key while the set waits at
+// another; in exchange, nothing waits on a key the set does not use.
+//
 // With Limit(n) the line is the slots' own, and what is handed over is a slot: each
 // slot freed (a release, or a lease that ran out, noticed by the next attempt) goes
 // to the first in line, parked or waiting, and the ticket then claims that slot.
@@ -67,8 +85,9 @@ const (
 //
 // ticket names the task to whoever starts it: it must be unique per task, non-empty,
 // at most 1000 bytes and without spaces; Park panics otherwise, or if claim is
-// outside [MinTTL, MaxTTL]. Finding a ticket's entry reads the key's whole line, so a
-// park costs time in Redis in proportion to the line.
+// outside [MinTTL, MaxTTL]. Finding a ticket's entry reads the key's whole line (for
+// a set, the lines of its keys), so a park costs time in Redis in proportion to the
+// line.
 func Park(ticket string, claim time.Duration, mode ParkMode) LockOption {
 	if ticket == "" || len(ticket) > 1000 || strings.ContainsAny(ticket, " ") {
 		panic(fmt.Sprintf("mutex.Park: ticket %q is empty, longer than 1000 bytes, or has a space", show(ticket)))

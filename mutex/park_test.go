@@ -258,10 +258,6 @@ func TestParkedTaskArrivingEarlyKeepsItsPlace(t *testing.T) {
 }
 
 func TestParkRefusesWhatItCannotPark(t *testing.T) {
-	c := New(sharedServer(t))
-	ctx := context.Background()
-	_, err := c.LockKeys(ctx, []string{"a", "b"}, time.Second, Park("t", time.Second, ParkLead))
-	require.ErrorContains(t, err, "Park applies to one key")
 	for _, bad := range []string{"", "a b", strings.Repeat("x", 1001)} {
 		assert.Panics(t, func() { Park(bad, time.Second, ParkLead) }, "ticket %q", bad)
 	}

@@ -3,6 +3,7 @@ package mutex
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,16 +56,20 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 			queued = "1"
 		}
 	}
-	var ticket, claim, who, mode any = "", "0", "", ""
+	var ticket, claim, who, mode, apart any = "", "0", "", "", ""
 	if p := a.park; p != nil { // without w, the ticket only claims: nothing is queued
 		ticket, claim, who, mode = p.ticket, p.claim.Milliseconds(), parkedDescription(a.by), a.parkMode()
+		if w != nil && a.apart() {
+			apart = "ask" // a call parks nowhere: the caller first gives back the others' locks
+		}
 	}
 	var (
-		fences []int64
-		busy   bool
+		fences    []int64
+		busy, ask bool
 	)
 	limited = -1
-	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys, 2, []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers, ticket, claim, who, mode},
+	args := []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers, ticket, claim, who, mode, apart}
+	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys, 2, args,
 		func(b []string, cmd *redis.Cmd) bool {
 			var (
 				res []int64
@@ -81,6 +86,8 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 					limited = i
 				case -2:
 					o.parked = true
+				case -4:
+					ask = true
 				}
 				busy, o.pttl, a.busy = true, time.Duration(res[1])*time.Millisecond, i
 				if w != nil { // the locks before the busy one were taken, and kept
@@ -88,6 +95,11 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 				}
 			case len(res) == len(b)/2 && res[0] > 0:
 				fences = append(fences, res...)
+				return true
+			case apart != "" && len(res) == len(b)/2+1 && res[0] > 0 && res[len(res)-1] == 0:
+				// A lock handed to the ticket, claimed: see acquisition.claimed.
+				a.claimed = true
+				fences = append(fences, res[:len(res)-1]...)
 				return true
 			default:
 				err = fmt.Errorf("unexpected reply %v", res)
@@ -97,6 +109,29 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 	if err != nil || !busy {
 		o.fences = fences
 		return o, -1, err
+	}
+	if ask && a.claimed && a.parkMode() == "wait" {
+		// Its turn came at a lock before this one, in an earlier call, which this
+		// one could not know: it waits rather than parks. The next attempt, at once,
+		// queues it here.
+		a.kept, o.pttl = len(fences), 0
+		return o, -1, nil
+	}
+	if ask {
+		a.kept = 0
+		return k.parkApart(ctx, a, w, o)
+	}
+	if apart != "" && !a.cleared {
+		// Locks after the busy one were not looked at: one may have been handed to
+		// the ticket (it parked there before). Give it back, once: the ticket then
+		// stands in no other line, so nothing more is handed to it.
+		// With the waiter's entry, this is no release sent again: the ticket is the
+		// task's for all its acquisitions, and a lock its earlier one handed on must
+		// not make this one name that lock's new holder to start again.
+		a.cleared = true
+		rest := a.keys[2*(a.busy+1):]
+		_, hs, _ := k.release(ctx, rest, parkedIdentity(a.park.ticket), w.entry, 0, a.park.ticket)
+		o.handed = append(o.handed, hs...)
 	}
 	switch {
 	case w == nil && len(fences) > 0:
@@ -112,10 +147,55 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 		k.c.giveBack(ctx, a, a.keys[2*(len(fences)+1):], w.entry)
 	}
 	a.kept = 0
-	if w != nil {
+	if w != nil && !o.parked {
 		a.kept = len(fences)
 	}
 	return o, limited, nil
+}
+
+// parkApart parks a, whose locks live on several servers (a call each), at the
+// busy lock a.busy, for the outcome o of the attempt that found it busy and changed
+// nothing there (plain_lock.lua's "ask"): first every other lock that a holds, or
+// that was handed to its ticket, is given back, a release call each, handing it to
+// its line's next, and a leaves their lines; then one call parks a at the busy lock,
+// taking nothing (plain_lock.lua's "only"). In that order a parked task never holds
+// a lock, even if its process dies between the calls: it is then in no line, and
+// comes back by asynq's own recovery as any task whose worker died. A lock freed
+// meanwhile goes to the first in its line, who may be a's own ticket.
+func (k plainKind) parkApart(ctx context.Context, a *acquisition, w *waiter, o outcome) (outcome, int, error) {
+	i := a.busy
+	others := append(slices.Clone(a.keys[:2*i]), a.keys[2*i+2:]...)
+	_, hs, err := k.release(ctx, others, a.id, w.entry, 0, "")
+	o.handed = append(o.handed, hs...)
+	if err == nil && !a.cleared {
+		// The calls before lock i claimed what was handed to the ticket there.
+		a.cleared = true
+		_, hs, err = k.release(ctx, a.keys[2*i+2:], parkedIdentity(a.park.ticket), w.entry, 0, a.park.ticket)
+		o.handed = append(o.handed, hs...)
+	}
+	if err != nil {
+		return o, -1, err // not parked: the waiter's leave gives back what is left
+	}
+	limited := -1
+	args := []any{a.id, a.ttl.Milliseconds(), w.head, "1", a.desc, "0", k.c.channels, k.c.countsSubscribers,
+		a.park.ticket, a.park.claim.Milliseconds(), parkedDescription(a.by), a.parkMode(), "only"}
+	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys[2*i:2*i+2], 2, args,
+		func(b []string, cmd *redis.Cmd) bool {
+			var res []int64
+			res, hs, err = scriptReply(cmd, k, b, 2)
+			o.handed = append(o.handed, hs...)
+			switch {
+			case err != nil:
+			case len(res) == 3 && res[0] == -2:
+				o.parked, o.pttl = true, time.Duration(res[1])*time.Millisecond
+			case len(res) == 3 && res[0] == -1:
+				limited = i
+			default:
+				err = fmt.Errorf("unexpected reply %v", res)
+			}
+			return false
+		})
+	return o, limited, err
 }
 
 // release runs plain_release.lua on each lock of keys with its queue and the mark of

@@ -51,6 +51,11 @@ func New(c redis.UniversalClient) *Runner {
 	return r
 }
 
+// OneNode reports whether every key lives on one server, so that one call of a
+// script reaches keys of several hash slots: false on Redis Cluster and Ring (see
+// Each).
+func (r *Runner) OneNode() bool { return r.oneNode }
+
 // CountsSubscribers reports whether PUBLISH's answer counts every subscriber of a
 // channel: false on Redis Cluster, where it counts those of one node.
 func (r *Runner) CountsSubscribers() bool { return r.countsSubscribers }

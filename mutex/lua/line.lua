@@ -88,14 +88,10 @@ local function unpark(q, ticket)
   end
 end
 
--- park puts the caller (its waiter entry e, its ticket, claim and who) in queue q,
--- behind holders whose lease has pttl ms left, as mode says (the lock scripts' mode
--- argument: "lead", "wait" or "park"); it returns "parked" or "wait". A caller that
--- waits has its waiter entry e in the line, in its ticket's place if it had one; one
--- that parks has a parked entry, in its place if it had one. The queue then lives
--- past the parked task's own return (its fallback, about a claim later). The caller
--- marks its lock as having a line, if its kind needs that.
-local function park(q, e, pttl, ticket, claim, who, mode, start, i)
+-- place reads queue q for the caller (its waiter entry e, its ticket): all the
+-- entries; the caller's own, "waiter" or its parked entry's mark, and where (nil
+-- when it has none); and whether anyone else waits (a waiter, or a task on its way).
+local function place(q, e, ticket)
   local all = redis.call('LRANGE', q, 0, -1)
   local mine, at, waiting = nil, nil, false
   for j, x in ipairs(all) do
@@ -108,17 +104,33 @@ local function park(q, e, pttl, ticket, claim, who, mode, start, i)
       waiting = true -- a waiter, or a task on its way
     end
   end
+  return all, mine, at, waiting
+end
+
+-- waits reports whether park, in mode, has the caller wait rather than park, given
+-- what place read.
+local function waits(mode, all, mine, at, waiting)
+  if mode == 'park' then
+    return false
+  elseif mode == 'wait' or mine == STARTED or mine == 'waiter' then
+    return true
+  end
+  return not waiting and (at == 1 or #all == 0) -- lead: the first in a worker, at the head or in an empty line
+end
+
+-- park puts the caller (its waiter entry e, its ticket, claim and who) in queue q,
+-- behind holders whose lease has pttl ms left, as mode says (the lock scripts' mode
+-- argument: "lead", "wait" or "park"); it returns "parked" or "wait". A caller that
+-- waits has its waiter entry e in the line, in its ticket's place if it had one; one
+-- that parks has a parked entry, in its place if it had one. The queue then lives
+-- past the parked task's own return (its fallback, about a claim later). The caller
+-- marks its lock as having a line, if its kind needs that.
+local function park(q, e, pttl, ticket, claim, who, mode, start, i)
+  local all, mine, at, waiting = place(q, e, ticket)
   local function parked()
     return PARKED .. '.' .. ticket .. ' ' .. claim .. ' ' .. string.format('%d', math.floor(serverMicros() / 1000)) .. ' ' .. who
   end
-  local wait
-  if mode == 'park' then
-    wait = false
-  elseif mode == 'wait' or mine == STARTED or mine == 'waiter' then
-    wait = true
-  else -- lead: the first in a worker, at the head or in an empty line
-    wait = not waiting and (at == 1 or #all == 0)
-  end
+  local wait = waits(mode, all, mine, at, waiting)
   if wait then
     if not mine then
       redis.call('RPUSH', q, e)

@@ -68,6 +68,22 @@ local function handOver(lock, q, v, prev, chan, counts, self, ticket, start, i)
   end
 end
 
+-- letGo releases lock, whose value v identity r holds, as a release does: to the
+-- oldest listening waiter or parked task of queue q when v says someone waits
+-- (handOver, whose chan, counts, start and i it passes on), else leaving a tombstone
+-- for ms milliseconds. It reports whether the lock was handed over.
+local function letGo(lock, q, v, r, chan, counts, start, i, ms)
+  if string.byte(v, STATE_AT) == WAITED then
+    local given
+    given, v = handOver(lock, q, v, r, chan, counts, nil, nil, start, i)
+    if given then
+      return true
+    end
+  end
+  redis.call('SET', lock, tombstone(v, r, ''), 'PX', ms)
+  return false
+end
+
 -- previous is whom a lock taken from value v (nil, or a tombstone) names as its
 -- previous holder: the releaser, so that its release repeated after a lost reply is
 -- recognised; or, after a release by force, the mark of the old holder

@@ -91,16 +91,9 @@ local function release(lock, q, mark, i)
   if state == RELEASED then
     return 1
   end
-  if state == WAITED then
-    local fence = string.sub(v, 1, FENCE_DIGITS)
-    local given
-    given, v = handOver(lock, q, v, ARGV[1], ARGV[3], ARGV[4], nil, nil, start, i)
-    if given then
-      redis.call('SET', mark, fence, 'PX', ARGV[5])
-      return 1
-    end
+  if letGo(lock, q, v, ARGV[1], ARGV[3], ARGV[4], start, i, ARGV[5]) then
+    redis.call('SET', mark, string.sub(v, 1, FENCE_DIGITS), 'PX', ARGV[5])
   end
-  redis.call('SET', lock, tombstone(v, ARGV[1], ''), 'PX', ARGV[5])
   return 1
 end
 

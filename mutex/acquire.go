@@ -136,7 +136,7 @@ type acquisition struct {
 	contended bool // an attempt found another holder: OpContended was reported
 	parkNow   bool // with Park: the wait in the process ended; the next attempt parks
 	cleared   bool // several keys apart, with Park: locks after a busy one were given back
-	claimed   bool // several keys apart, with Park: a lock handed to the ticket was claimed
+	claimed   bool // several keys, with Park: a lock handed to the ticket was claimed: its turn came
 	kept      int  // several keys: how many the last attempt kept before a busy one
 	busy      int  // several keys: the index in keys' order of the last busy one
 	start     time.Time

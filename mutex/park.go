@@ -71,7 +71,8 @@ const (
 // process, keeping the keys before it, until MaxWait ends and it parks: its turn
 // came, and sets that gave such turns back would pass their keys round, each for one
 // on its way to another, none running. Meeting a busy key before it, it gives back
-// the one handed to it and parks at that one. On a single Redis that is one script
+// the one handed to it, and at that one parks, or, under ParkLead with nobody else
+// waiting there, waits in the process as the line's first does. On a single Redis that is one script
 // call; where keys live on several servers (Redis Cluster, Ring), the keys are given
 // back, a release call each, before the call that parks, so that a parked task never
 // holds a key. There is no order across lines: a set may be passed over again and

@@ -406,3 +406,60 @@ func TestParkedSetsUnderContention(t *testing.T) {
 		run(t, c)
 	})
 }
+
+// TestParkedSetWaitsAtEachNextKey: a set of three whose turn came at a, waiting at b
+// (keeping a), is handed b in a later attempt, and meeting c busy with a line there
+// waits at c too, keeping a and b, rather than give its turn back and park: the
+// attempts after the one that claimed a know of its turn (the busy reply says so).
+func TestParkedSetWaitsAtEachNextKey(t *testing.T) {
+	eachForSets(t, func(t *testing.T, p parkedSet) {
+		ctx := context.Background()
+		k := uniqueKey(t)
+		a, bk, cc := k+":a", k+":b", k+":c"
+		s := newStarts()
+		ha, err := p.c.TryLock(ctx, a, 10*time.Second, StartWith(s.start))
+		require.NoError(t, err)
+		p.parkSet(t, []string{a, bk, cc}, "t", a, s)
+		hb, err := p.c.TryLock(ctx, bk, 10*time.Second)
+		require.NoError(t, err)
+		hc, err := p.c.TryLock(ctx, cc, 10*time.Second)
+		require.NoError(t, err)
+		_, err = p.c.Lock(ctx, bk, 10*time.Second, Park("x", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+		_, err = p.c.Lock(ctx, cc, 10*time.Second, Park("y", 5*time.Second, ParkAfterWait), MaxWait(time.Millisecond))
+		require.ErrorIs(t, err, ErrParked)
+		require.NoError(t, ha.Unlock(ctx))
+		assert.Equal(t, Parked{Key: a, Ticket: "t"}, s.next(t, 5*time.Second))
+
+		got := make(chan error, 1)
+		go func() {
+			l, err := p.c.LockKeys(ctx, []string{a, bk, cc}, 10*time.Second, Park("t", 5*time.Second, ParkLead), MaxWait(20*time.Second), HeldBy("set", "t"))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			got <- err
+		}()
+		require.Eventually(t, func() bool {
+			return slices.Equal(p.tickets(t, bk), []string{"x", "waiter"})
+		}, 10*time.Second, 5*time.Millisecond, "t waits for b in its process, behind x")
+		// b goes to x, whose task comes and goes; then to t.
+		require.NoError(t, hb.Unlock(ctx))
+		lx, err := p.c.Lock(ctx, bk, 10*time.Second, Park("x", 5*time.Second, ParkLead), MaxWait(10*time.Second))
+		require.NoError(t, err)
+		require.NoError(t, lx.Unlock(ctx))
+		select {
+		case err := <-got:
+			t.Fatalf("set returned before c was free: %v (a held: %v, c line %v)", err, p.locked(t, a), p.tickets(t, cc))
+		case <-time.After(2 * time.Second):
+		}
+		in, err := p.c.Inspect(ctx, a)
+		require.NoError(t, err)
+		assert.Equal(t, "t", in.Holder.ID, "keeping a, where its turn came")
+		assert.Equal(t, []string{"y", "waiter"}, p.tickets(t, cc))
+		require.NoError(t, hc.Unlock(ctx))
+		ly, err := p.c.Lock(ctx, cc, 10*time.Second, Park("y", 5*time.Second, ParkLead), MaxWait(10*time.Second))
+		require.NoError(t, err)
+		require.NoError(t, ly.Unlock(ctx))
+		require.NoError(t, <-got)
+	})
+}

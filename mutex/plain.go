@@ -79,7 +79,12 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 			o.handed = append(o.handed, hs...)
 			switch {
 			case err != nil:
-			case len(res) == 3 && res[0] <= 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
+			case (len(res) == 3 || len(res) == 4 && res[3] == 1) && res[0] <= 0 && res[2] >= 1 && int(res[2]) <= len(b)/2:
+				if len(res) == 4 {
+					// Its turn came at a lock before the busy one, claimed in this call: the
+					// calls that follow do not know it (see acquisition.claimed).
+					a.claimed = true
+				}
 				i := len(fences) + int(res[2]) - 1 // in a.locks' order
 				switch res[0] {
 				case -1:
@@ -159,9 +164,11 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 // that was handed to its ticket, is given back, a release call each, handing it to
 // its line's next, and a leaves their lines; then one call parks a at the busy lock,
 // taking nothing (plain_lock.lua's "only"). In that order a parked task never holds
-// a lock, even if its process dies between the calls: it is then in no line, and
-// comes back by asynq's own recovery as any task whose worker died. A lock freed
-// meanwhile goes to the first in its line, who may be a's own ticket.
+// a lock, even if its process dies between the calls: it is then in no line but, if
+// it waited there, the busy lock's, as a dead waiter, which a release may hand the
+// lock to for a hand-over's short lease (as to any dead waiter); its task comes back
+// by asynq's own recovery as any task whose worker died. A lock freed meanwhile goes
+// to the first in its line, who may be a's own ticket.
 func (k plainKind) parkApart(ctx context.Context, a *acquisition, w *waiter, o outcome) (outcome, int, error) {
 	i := a.busy
 	others := append(slices.Clone(a.keys[:2*i]), a.keys[2*i+2:]...)

@@ -36,7 +36,8 @@
 -- {-1, 0, i} when lock i is a lock with Limit(n) (a hash, see slots.lua); {-2, pttl,
 -- i} when the caller parked at lock i; {-4, pttl, i} when it would have (ARGV[13]
 -- "ask"). With ARGV[13] "ask", fences are followed by a 0 when a lock was claimed
--- (handed to the ticket). Any of these is followed by the tickets of parked tasks a
+-- (handed to the ticket); so is a busy reply ({0, pttl, i} or {-2, pttl, i}) by a 1
+-- when the call claimed a lock before lock i, whatever ARGV[13]. Any of these is followed by the tickets of parked tasks a
 -- hand-over asks the caller to start, as handOver (plain.lua) gives them.
 --
 -- Several locks with a ticket: a parked task holds nothing. The caller takes the
@@ -282,6 +283,9 @@ for i = 1, n do
           leave(j, e)
         end
       end
+    end
+    if claimed then
+      return reply({f, pttl, i, 1}) -- its turn came: see claimed; the next attempt does not know it
     end
     return reply({f, pttl, i})
   end

@@ -35,10 +35,11 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, park[0], park[1], held, m.startWith)
 	case tk.keys != nil:
 		err = m.locks.WithLockKeys(ctx, tk.keys, m.ttl, fn, wait, held, m.startWith)
-	case park != nil && m.rates != nil && m.parksUntil(ctx, tk):
+	case park != nil && m.rates != nil && m.leads() && m.parksUntil(ctx, tk):
 		// A task whose start comes later parks until it, not in the lock's line (see
 		// startLater): a first attempt takes the lock if it is free, or handed to the
-		// task, and queues nobody.
+		// task, and queues nobody. Not with MaxWait, under which a task waits for the
+		// lock in its worker first, as asked.
 		tkt := mutex.Park(ticket(tk.meta.queue, tk.meta.id), m.claim(), mutex.ParkNever)
 		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, tkt, mutex.MaxWait(0), held, m.limitOpt, m.startWith)
 		if !entered && errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil {

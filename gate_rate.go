@@ -36,11 +36,12 @@ import (
 //
 // A task takes its lock first and its start second, holding the lock while it waits
 // for the start: waiting with the lock costs nothing, since the key's rate is then
-// what binds. Under Park a task that meets its lock busy takes its start ahead, and
-// parks until it when it comes later than the task would wait, rather than in the
-// lock's line, whose hand-over would only bring it back to park again for its start;
-// otherwise it joins the line, its start held for it. With NoLock a task takes its
-// start only. A handler can pause its key fleet-wide with PauseKey.
+// what binds. Under Park without MaxWait a task that meets its lock busy asks for its
+// start at once, and parks until it when it comes later than the task would wait,
+// rather than in the lock's line, whose hand-over would only bring it back to park
+// again for its start; otherwise it gives that start back and joins the line. With
+// NoLock a task takes its start only. A handler can pause its key fleet-wide with
+// PauseKey.
 //
 // The default is no rate limit. Rate panics if n is below 1 or per is outside
 // [1ms, ratelimit.MaxPer], or if per/n is below a microsecond; Middleware panics if

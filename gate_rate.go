@@ -187,11 +187,11 @@ func (m *middleware) rateGate(ctx context.Context, tk *task, next func(context.C
 
 // startLater is, for task tk that met its key's lock (or slots) busy and may park,
 // a refusal that parks it until its start when its key's rate, or a pause, holds it
-// back past what the rate gate would wait for (its wait left, at least the lead): it
-// waits for its start outside the lock's line, and takes the lock when the start is
-// due, rather than be handed the lock first only to park again for its start (a
-// task through asynq once more, and every task behind it in the line handed the
-// lock, started and parked again in turn). It returns nil when the start comes
+// back past its wait left, or startEarly, the least lead: it waits for its start
+// outside the lock's line, and takes the lock when the start is due, rather than be
+// handed the lock first only to park again for its start (a task through asynq once
+// more, and every task behind it in the line handed the lock, started and parked
+// again in turn). It returns nil when the start comes
 // sooner: the task joins the lock's line, and takes its start when it holds the lock.
 // A start taken here for that (now, or within the wait) is given back, as the rate
 // gate would give it up as late after a wait in the line and take another: two
@@ -209,7 +209,9 @@ func (m *middleware) startLater(ctx context.Context, tk *task) error {
 	switch {
 	case err != nil:
 		return m.rateFailed(ctx, tk, err)
-	case !r.Allowed && !(r.Held && r.Delay <= max(m.waitLeft(ctx, tk), m.lead())):
+	case !r.Allowed && !(r.Held && r.Delay <= max(m.waitLeft(ctx, tk), startEarly)):
+		// Not the lead, which grows with the dispatch lag: the line would hand the lock
+		// to a task whose start is not due, and it would park again for it.
 		return m.notYet(tk, lim, r, true)
 	case !r.Found:
 		// Given back unless a start was taken after it: then it lapses, and the key

@@ -608,3 +608,31 @@ func TestRetryTakesItsOwnStart(t *testing.T) {
 	require.Eventually(t, func() bool { return slices.Contains(ev.ops(), OpParkPassedOver) }, 30*time.Second, 10*time.Millisecond,
 		"the parked retry was not started when its start fell due")
 }
+
+// TestStartLaterParksOutsideTheLine: under Park a task that meets its lock busy while
+// its start comes later parks until that start, reserved for it, and not in the
+// lock's line, where it would be handed the lock only to park again for its start
+// (without the rate-first park it stands in the line, as an OpConflict).
+func TestStartLaterParksOutsideTheLine(t *testing.T) {
+	t.Parallel()
+	locks, _ := newLocks(t)
+	ctx := context.Background()
+	key := `["sync","later"]`
+	_, err := locks.TryLock(ctx, key, time.Minute)
+	require.NoError(t, err)
+	r, err := rates(locks).Allow(ctx, key, ratelimit.PerSecond(1)) // the key's next start is a second away
+	require.True(t, err == nil && r.Allowed, "%+v, %v", r, err)
+	var ev events
+	err = Middleware(locks, On("tenant"), Rate(1, time.Second), Observe(ev.observe), newFakeTask("t-later", 3).option())(mustNotRun(t)).
+		ProcessTask(ctx, tenantTask("later"))
+	var le *LockedError
+	require.ErrorAs(t, err, &le)
+	assert.True(t, le.parked, "parked: %v", err)
+	assert.Equal(t, OpLimited, ev.last().Op, "parked for its start, not for the lock: %v", ev.last())
+	in, err := locks.Inspect(ctx, key)
+	require.NoError(t, err)
+	assert.Zero(t, in.Waiting, "entries in the lock's line")
+	// Its start falls due and the due loop starts it (not in asynq here: passed over).
+	require.Eventually(t, func() bool { return slices.Contains(ev.ops(), OpParkPassedOver) }, 30*time.Second, 10*time.Millisecond,
+		"the task parked for its start was not started: %v", ev.ops())
+}

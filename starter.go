@@ -43,6 +43,13 @@ type starter struct {
 	failed atomic.Bool // asynq's Redis did not answer: logged once until it does
 }
 
+// fallbackMargin is how close to its fallback a parked task is left to it rather than
+// started: RunTask moves a task whatever its state but pending or active, a completed
+// one too, so a task that its fallback brought back and completed between the start's
+// look (GetTaskInfo) and RunTask would run twice. The window is two calls; the margin
+// covers a process stalled that long, on a busy machine.
+const fallbackMargin = 2 * time.Second
+
 // activeFor bounds how long a starter waits for a task that has just parked to be
 // back in asynq's retry set (its handler is returning): asynq moves it there as
 // soon as the middleware returns.
@@ -73,7 +80,8 @@ func (s *starter) startLocked(ctx context.Context, p mutex.Parked) (gone bool) {
 // Between reading a task's state and RunTask an operator may act on it; RunTask
 // moves any task that is not pending or active (archived and completed ones too), so
 // a task archived in that instant is run once more. asynq's public API offers
-// nothing tighter.
+// nothing tighter. asynq itself may act too: a task whose fallback is due within
+// fallbackMargin is left to it.
 func (s *starter) start(ctx context.Context, p parkedTask) (gone string) {
 	queue, id, ok := fromTicket(p.ticket)
 	if !ok {
@@ -110,6 +118,12 @@ func (s *starter) start(ctx context.Context, p parkedTask) (gone string) {
 		s.failed.Store(false)
 		switch info.State {
 		case asynq.TaskStateRetry, asynq.TaskStateScheduled:
+			if time.Until(info.NextProcessAt) < fallbackMargin {
+				// Its fallback is due, or nearly: asynq may move it to its queue, run it
+				// and complete it between this look and RunTask, which would then run it
+				// again. It comes by that fallback instead, to the key handed to it.
+				return ""
+			}
 			if err := s.insp.RunTask(queue, id); err == nil {
 				s.emit(ctx, Event{Op: OpParkStarted, TaskType: info.Type, TaskID: id, Key: p.key})
 				return ""

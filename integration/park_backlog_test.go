@@ -14,6 +14,7 @@ import (
 
 	"github.com/asynqmutex/asynqmutex"
 	"github.com/asynqmutex/asynqmutex/internal/redistest"
+	"github.com/asynqmutex/asynqmutex/mutex"
 )
 
 const (
@@ -35,6 +36,7 @@ type backlogRun struct {
 	mu         sync.Mutex
 	policies   map[string]map[string]bool // OpConflict's policy → task IDs
 	superseded map[string]bool            // OpSuperseded's task IDs
+	lineFull   int                        // AfterFailure's calls with mutex.ErrLineFull
 }
 
 // startBacklog starts the two servers, with MaxBacklog(backlogCap, full), or with
@@ -56,7 +58,7 @@ func startBacklog(t *testing.T, full asynqmutex.Overflow, bare bool) *backlogRun
 	var h asynq.Handler = asynq.HandlerFunc(r.handle)
 	if !bare {
 		h = asynqmutex.Middleware(locks, asynqmutex.On("key"), asynqmutex.Scope("bl"), asynqmutex.TTL(parkTTL),
-			asynqmutex.MaxBacklog(backlogCap, full), asynqmutex.Observe(r.observe))(h)
+			asynqmutex.MaxBacklog(backlogCap, full), asynqmutex.Observe(r.observe), asynqmutex.AfterFailure(r.failed))(h)
 	}
 	cfg := asynqmutex.Configure(asynq.Config{Concurrency: 4, Queues: map[string]int{backlogQueue: 1},
 		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second }})
@@ -101,6 +103,15 @@ func (r *backlogRun) observe(_ context.Context, e asynqmutex.Event) {
 		r.policies[e.Policy][e.TaskID] = true
 	case asynqmutex.OpSuperseded:
 		r.superseded[e.TaskID] = true
+	}
+}
+
+func (r *backlogRun) failed(_ context.Context, _ *asynq.Task, err error) {
+	var le *asynqmutex.LockedError
+	if errors.As(err, &le) && errors.Is(err, mutex.ErrLineFull) {
+		r.mu.Lock()
+		r.lineFull++
+		r.mu.Unlock()
 	}
 }
 
@@ -168,8 +179,11 @@ func TestMaxBacklogSkip(t *testing.T) {
 		return q.Completed == backlogBurst+1, fmt.Sprintf("%+v", q)
 	})
 	r.mu.Lock()
-	skipped := r.policies["backlog_skip"]
+	skipped, heard := r.policies["backlog_skip"], r.lineFull
 	r.mu.Unlock()
+	if heard != len(skipped) {
+		t.Errorf("AfterFailure heard of %d full lines, want one per task skipped, %d", heard, len(skipped))
+	}
 	ran := 0
 	for i := range backlogBurst {
 		id := "n" + strconv.Itoa(i)

@@ -34,6 +34,11 @@ func (m *middleware) refused(ctx context.Context, tk *task, r *refusal) error {
 		m.emit(ctx, Event{Op: r.op, TaskType: tk.Type(), TaskID: id, Key: le.Key, Keys: le.Keys, Wait: time.Since(tk.start), Policy: policy, Err: le})
 		m.failed(ctx, tk.Task, le)
 	}
+	if r.full {
+		if result, done := m.overflowed(r, report); done {
+			return result
+		}
+	}
 	switch m.policy {
 	case Skip:
 		report("skip")

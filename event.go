@@ -17,8 +17,9 @@ const (
 	// OpConflict: the middleware did not run a task because its key was busy. Policy
 	// says what became of the task: "park" (it waits in its key's line, under Park),
 	// "skip", "fail", "retry" (sent back for a while, under RetryLater or what Park
-	// does not park) or "archive" (no retry was left, or past a reschedule cap with
-	// none left). Err is the *LockedError; Wait how long the task tried.
+	// does not park), "archive" (no retry was left, or past a reschedule cap with
+	// none left), or, its line full under MaxBacklog, "backlog_skip" or
+	// "backlog_fail". Err is the *LockedError; Wait how long the task tried.
 	OpConflict Op = iota + 1
 	// OpBadInput: the middleware archived a task because no key could be derived
 	// from it; Err says why.
@@ -63,11 +64,17 @@ const (
 	// key halted at its place; Err is a *HaltError that names the place and wraps
 	// what the task returned.
 	OpOrderHalted
+	// OpSuperseded: under MaxBacklog with OverflowReplace, a parked task left its
+	// key's line to make room for a newcomer, and the middleware deleted it from
+	// asynq (from the retry or scheduled set). Key is its key. A replaced task asynq
+	// held in no such set is not deleted, and not reported.
+	OpSuperseded
 )
 
 var opNames = [...]string{OpConflict: "conflict", OpBadInput: "bad_input", OpLimited: "limited", OpRateWaited: "rate_waited", OpPaused: "paused",
 	OpOutOfTurn: "out_of_turn", OpOrderSkipped: "order_skipped", OpOutOfOrder: "out_of_order", OpOrderStalled: "order_stalled",
-	OpParkStarted: "park_started", OpParkPassedOver: "park_passed_over", OpOrderHalted: "order_halted"}
+	OpParkStarted: "park_started", OpParkPassedOver: "park_passed_over", OpOrderHalted: "order_halted",
+	OpSuperseded: "superseded"}
 
 // String returns the operation's name in snake case, such as "bad_input", for logs
 // and metric labels.

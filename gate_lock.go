@@ -46,10 +46,10 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 			if later := m.startLater(ctx, tk); later != nil {
 				return later
 			}
-			err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.limitOpt, m.startWith)
+			err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, append(park, held, m.limitOpt, m.startWith)...)
 		}
 	case park != nil:
-		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, park[0], park[1], held, m.limitOpt, m.startWith)
+		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, append(park, held, m.limitOpt, m.startWith)...)
 	default:
 		err = m.locks.WithLock(ctx, tk.key, m.ttl, fn, wait, held, m.limitOpt, m.startWith)
 	}
@@ -80,7 +80,7 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 	if left, ok := mutex.LeaseLeft(err); ok && left >= 0 {
 		m.watchLease(le.Key, left) // the key it parked at, of several
 	}
-	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked)}
+	return &refusal{op: OpConflict, le: le, parked: errors.Is(err, mutex.ErrParked), full: errors.Is(err, mutex.ErrLineFull)}
 }
 
 // parking is what task tk's lock (or its slot of a Limit(n) key) is taken with
@@ -91,7 +91,8 @@ func (m *middleware) lockGate(ctx context.Context, tk *task, next func(context.C
 // MaxWait, every task waits up to MaxWait first. A task that must not park (on its last try, past a
 // reschedule cap, or with less than DeadlineMargin left before its deadline) still
 // takes its ticket: it claims the key if its line handed it over, and waits in its
-// entry's place.
+// entry's place. Under MaxBacklog a task that may park has its line capped
+// (mutex.MaxLine); one that must not park is not.
 func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 	left := m.waitLeft(ctx, tk) // sets lastTry and pastCap
 	if m.policy != Park || tk.meta.id == "" || tk.meta.queue == "" {
@@ -104,7 +105,11 @@ func (m *middleware) parking(ctx context.Context, tk *task) []mutex.LockOption {
 	if tk.lastTry || tk.pastCap != nil || wait <= 0 {
 		mode, wait = mutex.ParkNever, left
 	}
-	return []mutex.LockOption{mutex.Park(ticket(tk.meta.queue, tk.meta.id), m.claim(), mode), mutex.MaxWait(wait)}
+	opts := []mutex.LockOption{mutex.Park(ticket(tk.meta.queue, tk.meta.id), m.claim(), mode), mutex.MaxWait(wait)}
+	if m.lineCap != nil && mode != mutex.ParkNever {
+		opts = append(opts, m.lineCap)
+	}
+	return opts
 }
 
 // claim is how long a key handed to a parked task waits for it to arrive, and how

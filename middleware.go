@@ -67,11 +67,13 @@ func Middleware(locks *mutex.Client, opts ...Option) asynq.MiddlewareFunc {
 	m.keyFuncs()
 	m.checkRate()
 	m.checkOrder(true)
+	m.checkBacklog()
 	if m.capped() && (m.policy == Skip || m.policy == Fail) {
 		panic(fmt.Sprintf("asynqmutex.Middleware: MaxReschedules and MaxRescheduleTime apply to RetryLater and Park, not to %v", m.policy))
 	}
 	m.conflicts = conflicts.New(store.New(locks.Redis()), locks.Prefix())
 	m.limitOpt = mutex.Limit(m.limit)
+	m.lineCap = m.backlogCap()
 	insp := m.inspector
 	if insp == nil {
 		insp = asynq.NewInspectorFromRedisClient(locks.Redis())
@@ -109,6 +111,7 @@ type middleware struct {
 	config
 	conflicts *conflicts.Counter // on the locks' Redis and prefix
 	limitOpt  mutex.LockOption   // mutex.Limit(limit)
+	lineCap   mutex.LockOption   // MaxBacklog's mutex.MaxLine; nil for none
 	starter   *starter           // starts parked tasks (Park)
 	startWith mutex.LockOption   // mutex.StartWith(starter.startLocked): every lock passes it
 	due       *dueLoop           // starts tasks parked until a time (a rate start, a pause's end)
@@ -180,6 +183,7 @@ type refusal struct {
 	op     Op           // OpConflict, OpLimited or OpOutOfTurn
 	le     *LockedError // what was busy, in the error the task may return
 	parked bool         // the task parked in its key's line (Park)
+	full   bool         // its key's line was full (MaxBacklog): it neither waited nor parked
 	due    time.Time    // with parked: when this process starts it (a rate start, a pause's end); zero in a lock's line
 }
 

@@ -416,6 +416,26 @@ func TestOptionPanics(t *testing.T) {
 		}},
 		{"AfterFailure", "asynqmutex.AfterFailure", func() { AfterFailure(nil) }},
 		{"Logger", "asynqmutex.Logger", func() { Logger(nil) }},
+		{"MaxBacklog zero", "asynqmutex.MaxBacklog: n 0 below 1", func() { MaxBacklog(0, OverflowSkip) }},
+		{"MaxBacklog no overflow", "asynqmutex.MaxBacklog: invalid overflow 0", func() { MaxBacklog(1, Overflow(0)) }},
+		{"MaxBacklog with Skip", "MaxBacklog caps the line of Park, not of Skip", func() {
+			Middleware(locks, On("a"), MaxBacklog(5, OverflowSkip), OnConflict(Skip))
+		}},
+		{"MaxBacklog with RetryLater", "MaxBacklog caps the line of Park", func() {
+			Middleware(locks, On("a"), MaxBacklog(5, OverflowFail), OnConflict(RetryLater(time.Second)))
+		}},
+		{"MaxBacklog with InOrder", "under InOrder a task waits in its key's order", func() {
+			Middleware(locks, On("a"), MaxBacklog(5, OverflowReplace), InOrder(noTasks{}))
+		}},
+		{"MaxBacklog with OnEach", "MaxBacklog caps the line of one key; OnEach", func() {
+			Middleware(locks, OnEach("a", "b"), MaxBacklog(5, OverflowSkip))
+		}},
+		{"MaxBacklog with KeysBy", "MaxBacklog caps the line of one key; KeysBy", func() {
+			Middleware(locks, MaxBacklog(5, OverflowSkip), KeysBy(func(context.Context, *asynq.Task) ([]string, error) { return nil, nil }))
+		}},
+		{"MaxBacklog twice", "MaxBacklog(5, OverflowSkip) and MaxBacklog(2, OverflowFail) both given", func() {
+			Middleware(locks, On("a"), MaxBacklog(5, OverflowSkip), MaxBacklog(2, OverflowFail))
+		}},
 		{"MaxReschedules zero", "asynqmutex.MaxReschedules", func() { MaxReschedules(0) }},
 		{"MaxReschedules negative", "asynqmutex.MaxReschedules", func() { MaxReschedules(-1) }},
 		{"MaxRescheduleTime zero", "asynqmutex.MaxRescheduleTime", func() { MaxRescheduleTime(0) }},

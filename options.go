@@ -85,6 +85,9 @@ type config struct {
 	orderGrace time.Duration // OrderGrace, or DefaultOrderGrace
 	halt       bool          // HaltOnFailure: a failed ordered task halts its key
 	graceSet   bool          // OrderGrace was given
+
+	backlog  int      // MaxBacklog's n: 0 for no cap
+	overflow Overflow // MaxBacklog's full
 }
 
 // For makes the middleware apply to tasks of these types only: a task of any other

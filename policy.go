@@ -241,6 +241,7 @@ type LockedError struct {
 	turn *turnWait // under InOrder: an earlier task of the key had not finished
 
 	parked bool // under Park: the task waits in its key's line; RetryIn is its fallback
+	full   int  // under MaxBacklog: the key's line held this many tasks or more
 }
 
 // Error names the task and the key, shortened past 100 bytes (with a digest), on
@@ -271,6 +272,9 @@ func (e *LockedError) Error() string {
 			what += "; not paused: " + oneLine(e.pauseErr)
 		}
 	}
+	if e.full > 0 {
+		what += fmt.Sprintf(", and its line is full (MaxBacklog(%d))", e.full)
+	}
 	msg := "asynqmutex: " + what
 	if e.taskType != "" {
 		msg = fmt.Sprintf("asynqmutex: task %s%s: %s", shortkey.Quote(e.taskType), idSuffix(e.taskID), what)
@@ -292,13 +296,16 @@ func (e *LockedError) Error() string {
 }
 
 // Unwrap returns mutex.ErrNotObtained; also ratelimit.ErrLimited when the key was at
-// its rate limit or paused, and the handler's *PauseError after PauseKey.
+// its rate limit or paused, the handler's *PauseError after PauseKey, and
+// mutex.ErrLineFull when its line was full (MaxBacklog).
 func (e *LockedError) Unwrap() []error {
 	switch {
 	case e.limited != nil:
 		return []error{mutex.ErrNotObtained, ratelimit.ErrLimited}
 	case e.cause != nil:
 		return []error{mutex.ErrNotObtained, e.cause}
+	case e.full > 0:
+		return []error{mutex.ErrNotObtained, mutex.ErrLineFull}
 	}
 	return []error{mutex.ErrNotObtained}
 }

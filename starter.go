@@ -64,8 +64,13 @@ type parkedTask struct {
 	inLine      func(context.Context) (bool, error)
 }
 
-// startLocked starts a task parked in a lock's line (a mutex.Starter).
+// startLocked starts a task parked in a lock's line (a mutex.Starter), or drops one
+// that left it to make room for a newcomer (MaxBacklog with OverflowReplace).
 func (s *starter) startLocked(ctx context.Context, p mutex.Parked) (gone bool) {
+	if p.Replaced {
+		s.supersede(ctx, p)
+		return false
+	}
 	return s.start(ctx, parkedTask{key: p.Key, ticket: p.Ticket, started: p.Started, inLine: p.InLine}) != ""
 }
 

@@ -87,6 +87,7 @@ type Collector struct {
 	outOfOrder      *prometheus.CounterVec   // task_type
 	parkStarted     *prometheus.CounterVec   // task_type
 	parkPassedOver  *prometheus.CounterVec   // task_type
+	superseded      *prometheus.CounterVec   // task_type
 	wakeupLost      prometheus.Counter
 	wakeupRecovered prometheus.Counter
 	all             []prometheus.Collector
@@ -132,7 +133,7 @@ func New(opts ...Option) *Collector {
 		releaseFailures: counterVec("lock_release_failures_total",
 			"Number of releases that got no answer from Redis (tried again until Redis answers or the lease ends); broken down by task type.", "task_type"),
 		conflicts: counterVec("task_conflicts_total",
-			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, park, archive).", "task_type", "policy"),
+			"Number of tasks not run because their key was busy; broken down by task type and policy (skip, fail, retry, park, archive, backlog_skip, backlog_fail).", "task_type", "policy"),
 		badInput: counterVec("task_bad_input_total",
 			"Number of tasks archived because no lock key could be derived from them; broken down by task type.", "task_type"),
 		limited: counterVec("task_rate_limited_total",
@@ -158,6 +159,8 @@ func New(opts ...Option) *Collector {
 			"Number of parked tasks started because their turn in their key's line came, or was near, or their rate start or their key's pause's end came (Park); broken down by task type.", "task_type"),
 		parkPassedOver: counterVec("task_park_passed_over_total",
 			"Number of parked tasks whose turn came when they no longer waited (deleted, archived, done), so that their key passed on (Park); broken down by task type, empty when asynq no longer knew the task.", "task_type"),
+		superseded: counterVec("task_superseded_total",
+			"Number of parked tasks deleted from asynq because a newcomer replaced them in their key's full line (MaxBacklog with OverflowReplace); broken down by task type.", "task_type"),
 		wakeupLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "wakeup_lost_total",
 			Help: "Number of times a Client's subscription connection for hand-overs broke or fell silent.",
@@ -169,7 +172,7 @@ func New(opts ...Option) *Collector {
 	}
 	c.all = []prometheus.Collector{c.wait, c.hold, c.waiters, c.contended, c.leaseLost,
 		c.renewFailures, c.releaseFailures, c.conflicts, c.badInput, c.limited, c.rateWait, c.pauses,
-		c.outOfTurn, c.orderSkipped, c.orderStalled, c.orderHalted, c.outOfOrder, c.parkStarted, c.parkPassedOver, c.wakeupLost, c.wakeupRecovered}
+		c.outOfTurn, c.orderSkipped, c.orderStalled, c.orderHalted, c.outOfOrder, c.parkStarted, c.parkPassedOver, c.superseded, c.wakeupLost, c.wakeupRecovered}
 	return c
 }
 
@@ -264,6 +267,8 @@ func (c *Collector) ObserveTask(_ context.Context, e asynqmutex.Event) {
 		c.parkStarted.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	case asynqmutex.OpParkPassedOver:
 		c.parkPassedOver.WithLabelValues(c.taskType(e.TaskType)).Inc()
+	case asynqmutex.OpSuperseded:
+		c.superseded.WithLabelValues(c.taskType(e.TaskType)).Inc()
 	}
 }
 
@@ -303,7 +308,7 @@ func gapReason(err error) string {
 // policy is p as a label value: one of the middleware's, or Other.
 func policy(p string) string {
 	switch p {
-	case "skip", "fail", "retry", "park", "archive":
+	case "skip", "fail", "retry", "park", "archive", "backlog_skip", "backlog_fail":
 		return p
 	}
 	return Other

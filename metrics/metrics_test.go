@@ -245,6 +245,15 @@ func TestObserve(t *testing.T) {
 			`asynqmutex_task_park_started_total{task_type="pay"}`:            1,
 			`asynqmutex_task_park_passed_over_total{task_type=""}`:           1,
 		}},
+		{"a backlog cap", []any{
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "backlog_skip"},
+			asynqmutex.Event{Op: asynqmutex.OpConflict, Key: "k", TaskType: "pay", Policy: "backlog_fail"},
+			asynqmutex.Event{Op: asynqmutex.OpSuperseded, Key: "k", TaskType: "pay", TaskID: "3"},
+		}, map[string]float64{
+			`asynqmutex_task_conflicts_total{policy="backlog_skip",task_type="pay"}`: 1,
+			`asynqmutex_task_conflicts_total{policy="backlog_fail",task_type="pay"}`: 1,
+			`asynqmutex_task_superseded_total{task_type="pay"}`:                      1,
+		}},
 		{"wake-ups lost and recovered", []any{
 			mutex.Event{Op: mutex.OpWakeupLost, Err: errors.New("EOF")},
 			mutex.Event{Op: mutex.OpWakeupRecovered},

@@ -161,6 +161,9 @@ func (c *Client) newAcquisition(key string, ttl time.Duration, opts []LockOption
 	}
 	a := &acquisition{c: c, start: time.Now(), key: key, ttl: ttl, lockConfig: lockConfig{maxWait: -1}}
 	c.configure(a, opts)
+	if a.maxLine > 0 && a.park == nil {
+		return nil, fmt.Errorf("mutex: lock %s: MaxLine applies to acquisitions with Park", show(key))
+	}
 	rkey := c.redisKey(key)
 	a.keys = []string{rkey, a.kind.queue(rkey)}
 	a.locks = a.keys[:1]
@@ -195,6 +198,9 @@ func (c *Client) newMultiAcquisition(keys []string, ttl time.Duration, opts []Lo
 	c.configure(a, opts)
 	if a.limit > 1 {
 		return nil, fmt.Errorf("mutex: lock %s: Limit(%d) applies to one key; a set of keys takes plain locks", a.what(), a.limit)
+	}
+	if a.maxLine > 0 {
+		return nil, fmt.Errorf("mutex: lock %s: MaxLine applies to one key, not yet to a set of keys", a.what())
 	}
 	for _, r := range sorted {
 		a.keys = append(a.keys, r, a.kind.queue(r))
@@ -233,6 +239,18 @@ func (a *acquisition) parkMode() string {
 		return "lead"
 	}
 	return "wait" // ParkAfterWait, ParkNever
+}
+
+// lineCap is MaxLine's n and replace as the lock scripts take them, for an attempt
+// by waiter w: only the first attempt that may queue it is capped (see MaxLine).
+func (a *acquisition) lineCap(w *waiter) (n, replace any) {
+	if w == nil || w.queued || a.maxLine == 0 || a.park == nil {
+		return "0", "0"
+	}
+	if a.replace {
+		return a.maxLine, "1"
+	}
+	return a.maxLine, "0"
 }
 
 // apart reports whether a takes several locks in calls of their own: they live on
@@ -430,6 +448,10 @@ func (c *Client) attempt(ctx context.Context, a *acquisition, w *waiter) (*Lock,
 		}
 		return nil, 0, err
 	case o.refused != nil:
+		var lf *lineFullError
+		if w != nil && errors.As(o.refused, &lf) {
+			w.queued = false // its line refused it: it stands nowhere, and leaving costs no call
+		}
 		return nil, 0, o.refused
 	case o.parked:
 		w.queued = false // its entry is a parked one now: leaving takes nothing out

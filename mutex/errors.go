@@ -23,6 +23,24 @@ var (
 	ErrNotHeld = errors.New("mutex: not held")
 )
 
+// ErrLineFull is joined with ErrNotObtained when an acquisition with MaxLine found
+// its key busy and its line full: it neither waits nor parks, and nothing changed in
+// the line.
+var ErrLineFull = errors.New("mutex: the key's line is full")
+
+// lineFullError is ErrNotObtained joined with ErrLineFull, naming the key and the
+// cap.
+type lineFullError struct {
+	key string
+	n   int
+}
+
+func (e *lineFullError) Error() string {
+	return fmt.Sprintf("mutex: not obtained: lock %s is busy and its line holds %d or more (MaxLine)", show(e.key), e.n)
+}
+
+func (e *lineFullError) Unwrap() []error { return []error{ErrNotObtained, ErrLineFull} }
+
 // errForced is why an Unlock finds the lock gone when ForceRelease took it.
 var errForced = errors.New("the lock was released by force (ForceRelease) while held")
 

@@ -255,6 +255,11 @@ const (
 	startedMark = '^'
 )
 
+// replacedMark marks, in a script's reply, never in a queue, the ticket of a parked
+// entry that left its line to make room for the caller (MaxLine with replace):
+// "<i> <replacedMark><ticket>", among the tickets to start.
+const replacedMark = '-'
+
 // parkedIdentity is the identity a lock (or a slot: its field, slotHolder + the
 // identity) holds while it is handed to ticket.
 func parkedIdentity(ticket string) string { return identity(string(parkedMark) + ticket) }
@@ -326,8 +331,8 @@ local HELD, WAITED, RELEASED, FORCED = %d, %d, %d, %d
 local SLOTS_LIMIT, SLOTS_FENCE, SLOT_HOLDER = %q, %q, %q
 local RELEASED_INFIX, TOMBSTONE_MILLIS = %q, %d
 local WAKE_RETRY = %q
-local PARKED, STARTED = %q, %q
+local PARKED, STARTED, REPLACED = %q, %q, %q
 `, fenceDigits, stateAt+1, sinceAt+1, idAt+1, lenDigits, counted(""),
 	stateHeld, stateWaited, stateReleased, forcedMark,
 	slotsLimit, slotsFence, slotHolder,
-	releasedInfix, tombstoneMillis, wakeRetry, string(parkedMark), string(startedMark))
+	releasedInfix, tombstoneMillis, wakeRetry, string(parkedMark), string(startedMark), string(replacedMark))

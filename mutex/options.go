@@ -41,6 +41,8 @@ type lockConfig struct {
 	by      heldBy
 	limit   int      // holders at once; > 1: slots (slots.go)
 	park    *parking // Park: nil for none
+	maxLine int      // MaxLine's n: 0 for no cap
+	replace bool     // MaxLine's replace
 	starter Starter  // StartWith: nil for none
 }
 

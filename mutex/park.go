@@ -100,13 +100,50 @@ func Park(ticket string, claim time.Duration, mode ParkMode) LockOption {
 	return lockOptionFunc(func(c *lockConfig) { c.park = p })
 }
 
-// Parked is a parked task whose turn has come, or is near (see Park).
+// MaxLine caps the line of an acquisition with Park (Lock, WithLock; with Limit(n)
+// too, whose line is the slots'): when the key is busy and its line already holds n
+// entries or more (waiters and parked entries, started or not), a caller that has
+// no entry there yet neither waits nor parks, and the acquisition returns an error
+// wrapping ErrNotObtained and ErrLineFull. With replace, the oldest parked entry
+// that was not started ahead of its turn (never a waiter, never a task on its way)
+// leaves the line instead, and the caller takes its place in the line as usual, at
+// the back: the replaced ticket is given to the acquisition's Starter (StartWith)
+// with Parked.Replaced set, never started, so that its task is dropped; when no such
+// entry is left, the caller is refused as without replace.
+//
+// The count and the refusal or replacement are part of the attempt's own script
+// call: atomic, and no Redis call beyond it. They apply to the acquisition's first
+// attempt: a caller whose ticket already stands in the line (a task coming back to
+// its place, an attempt go-redis sent again after a lost reply), and later attempts
+// of a waiting acquisition, are never refused nor counted twice. The replaced ticket
+// is named in the reply of the call that replaced it only: when that reply is lost,
+// the Starter does not hear of it, and its task, if it comes back, joins the line as
+// a newcomer. The line is counted as it is read, so it costs what a park costs: time
+// in proportion to the line.
+//
+// MaxLine applies only with Park: an acquisition with MaxLine and without Park, or
+// of several keys (LockKeys, WithLockKeys), fails at once with an error saying so.
+// The default is no cap. MaxLine panics if n is below 1.
+func MaxLine(n int, replace bool) LockOption {
+	if n < 1 {
+		panic(fmt.Sprintf("mutex.MaxLine: n %d below 1", n))
+	}
+	return lockOptionFunc(func(c *lockConfig) { c.maxLine, c.replace = n, replace })
+}
+
+// Parked is a parked task whose turn has come, or is near (see Park), or that left
+// its line to make room for another (Replaced, see MaxLine).
 type Parked struct {
 	Key    string // the lock's key
 	Ticket string // as given to Park
 	// Started is set when a Starter was asked to start the ticket before, ahead of its
 	// turn: its task may be on its way.
 	Started bool
+	// Replaced is set when the ticket's parked entry left the line to make room for
+	// a newcomer (MaxLine with replace): its task is not to be started, but dropped
+	// if it can be; one that comes all the same joins the line as a newcomer. Nothing
+	// was handed to it: what the Starter returns is ignored.
+	Replaced bool
 
 	c    *Client
 	lock string // the lock's Redis key
@@ -159,7 +196,8 @@ func (p Parked) InLine(ctx context.Context) (bool, error) {
 // Starter starts the task parked under p.Ticket, and reports gone when it will not
 // come: it no longer waits (deleted, archived, done, run elsewhere for good). The
 // lock handed to a gone ticket, if any, passes at once to the next in line, and its
-// entry leaves the line. A Starter runs in a goroutine of its own, at most one per
+// entry leaves the line. A Starter given to acquisitions with MaxLine and replace is
+// also told of replaced tickets (p.Replaced), which it must not start. A Starter runs in a goroutine of its own, at most one per
 // script call that handed over, with a context that ends after 10s; it must be safe
 // for concurrent use.
 type Starter func(ctx context.Context, p Parked) (gone bool)
@@ -244,6 +282,7 @@ type handed struct {
 	lock, queue string
 	ticket      string
 	started     bool
+	replaced    bool // left the line to make room (MaxLine): to drop, not start
 }
 
 // scriptReply reads the reply of a script of kind k: its numbers, then the tickets to
@@ -267,7 +306,7 @@ func scriptReply(cmd *redis.Cmd, k kind, keys []string, per int) (nums []int64, 
 			if !ok || err != nil || i < 1 || per*i > len(keys) || len(rest) < 2 {
 				return nil, nil, fmt.Errorf("unexpected reply %v", vals)
 			}
-			hs = append(hs, handed{kind: k, lock: keys[per*(i-1)], queue: keys[per*(i-1)+1], ticket: rest[1:], started: rest[0] == startedMark})
+			hs = append(hs, handed{kind: k, lock: keys[per*(i-1)], queue: keys[per*(i-1)+1], ticket: rest[1:], started: rest[0] == startedMark, replaced: rest[0] == replacedMark})
 		default:
 			return nil, nil, fmt.Errorf("unexpected reply %v", vals)
 		}
@@ -290,7 +329,7 @@ func (c *Client) starting(s Starter, hs []handed) {
 		hs = hs[1:]
 		key, _ := keyOf(c.prefix, h.lock)
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started, c: c, lock: h.lock}) {
+		if s(ctx, Parked{Key: key, Ticket: h.ticket, Started: h.started, Replaced: h.replaced, c: c, lock: h.lock}) && !h.replaced {
 			_, more, _ := h.kind.release(ctx, []string{h.lock, h.queue}, parkedIdentity(h.ticket), "", 0, h.ticket)
 			hs = append(hs, more...)
 		}

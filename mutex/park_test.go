@@ -24,7 +24,7 @@ type starts struct {
 func newStarts() *starts { return &starts{gone: map[string]bool{}, ch: make(chan Parked, 16)} }
 
 func (s *starts) start(_ context.Context, p Parked) bool {
-	p = Parked{Key: p.Key, Ticket: p.Ticket, Started: p.Started} // what a Starter is told
+	p = Parked{Key: p.Key, Ticket: p.Ticket, Started: p.Started, Replaced: p.Replaced} // what a Starter is told
 	s.mu.Lock()
 	s.got = append(s.got, p)
 	gone := s.gone[p.Ticket]

@@ -68,7 +68,8 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 		busy, ask bool
 	)
 	limited = -1
-	args := []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers, ticket, claim, who, mode, apart}
+	maxLine, replace := a.lineCap(w)
+	args := []any{a.id, a.ttl.Milliseconds(), head, queued, a.desc, all, k.c.channels, k.c.countsSubscribers, ticket, claim, who, mode, apart, maxLine, replace}
 	o.unconfirmed = k.c.callEach(ctx, plainLockScript, a.keys, 2, args,
 		func(b []string, cmd *redis.Cmd) bool {
 			var (
@@ -93,6 +94,8 @@ func (k plainKind) try(ctx context.Context, a *acquisition, w *waiter) (o outcom
 					o.parked = true
 				case -4:
 					ask = true
+				case -5:
+					o.refused = &lineFullError{key: a.key, n: a.maxLine}
 				}
 				busy, o.pttl, a.busy = true, time.Duration(res[1])*time.Millisecond, i
 				if w != nil { // the locks before the busy one were taken, and kept

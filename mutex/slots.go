@@ -30,9 +30,10 @@ func (k slotsKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 	if pk := a.park; pk != nil { // without w, the ticket only claims: nothing is queued
 		ticket, claim, who, mode = pk.ticket, pk.claim.Milliseconds(), parkedDescription(a.by), a.parkMode()
 	}
+	maxLine, replace := a.lineCap(w)
 	cmd, unconfirmed := k.c.call(ctx, slotsLockScript, a.keys,
 		a.id, a.ttl.Milliseconds(), head, queued, a.desc, a.limit, k.c.channels, k.c.countsSubscribers,
-		ticket, claim, who, mode)
+		ticket, claim, who, mode, maxLine, replace)
 	res, hs, err := scriptReply(cmd, k, a.keys, 2)
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
@@ -51,6 +52,8 @@ func (k slotsKind) attempt(ctx context.Context, a *acquisition, w *waiter) (outc
 			show(a.key), show(a.keys[0]))
 	case -4:
 		o.parked, o.pttl = true, time.Duration(res[1])*time.Millisecond
+	case -5:
+		o.refused = &lineFullError{key: a.key, n: a.maxLine}
 	case 0:
 		o.pttl = time.Duration(res[1]) * time.Millisecond
 	default:

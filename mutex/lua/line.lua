@@ -118,15 +118,45 @@ local function waits(mode, all, mine, at, waiting)
   return not waiting and (at == 1 or #all == 0) -- lead: the first in a worker, at the head or in an empty line
 end
 
+-- full applies MaxLine (cap, replace; cap nil or 0: none) to a caller with no entry
+-- in queue q (mine, from place) whose entries all are: when they are cap or more
+-- (waiters, parked and started entries), it returns true, and the caller is to be
+-- refused; with replace it first makes room: the oldest parked entry (not a started
+-- one, not a waiter) leaves q and all, "<i> <REPLACED><ticket>" is added to start
+-- for the caller's Starter, and it returns false. Only a line without a parked entry
+-- refuses then.
+local function full(q, all, mine, cap, replace, start, i)
+  if mine or not cap or cap <= 0 or #all < cap then
+    return false
+  end
+  if replace then
+    for j, x in ipairs(all) do
+      local mark, t = parkedEntry(x)
+      if mark == PARKED then
+        redis.call('LREM', q, 1, x)
+        table.remove(all, j)
+        start[#start + 1] = i .. ' ' .. REPLACED .. t
+        return false
+      end
+    end
+  end
+  return true
+end
+
 -- park puts the caller (its waiter entry e, its ticket, claim and who) in queue q,
 -- behind holders whose lease has pttl ms left, as mode says (the lock scripts' mode
 -- argument: "lead", "wait" or "park"); it returns "parked" or "wait". A caller that
 -- waits has its waiter entry e in the line, in its ticket's place if it had one; one
 -- that parks has a parked entry, in its place if it had one. The queue then lives
 -- past the parked task's own return (its fallback, about a claim later). The caller
--- marks its lock as having a line, if its kind needs that.
-local function park(q, e, pttl, ticket, claim, who, mode, start, i)
+-- marks its lock as having a line, if its kind needs that. With cap (MaxLine, see
+-- full) it returns "full" instead, and changes nothing, when the line refuses a
+-- caller that has no entry yet.
+local function park(q, e, pttl, ticket, claim, who, mode, start, i, cap, replace)
   local all, mine, at, waiting = place(q, e, ticket)
+  if full(q, all, mine, cap, replace, start, i) then
+    return 'full'
+  end
   local function parked()
     return PARKED .. '.' .. ticket .. ' ' .. claim .. ' ' .. string.format('%d', math.floor(serverMicros() / 1000)) .. ' ' .. who
   end

@@ -28,6 +28,11 @@
 --            locks of its other calls); "only" parks at the lock and takes nothing: a
 --            lock nobody holds goes to the first in line, maybe the caller's own
 --            ticket; "" otherwise
+-- ARGV[14] -> with a ticket, MaxLine's n: a caller with no entry in the line is
+--            refused ({-5, pttl, i}) when the line holds n entries or more; "0" or
+--            absent for no cap
+-- ARGV[15] -> with ARGV[14], "1" to make room instead by taking the oldest parked
+--            entry out of the line (full, line.lua); refused when there is none
 --
 -- A lock and its queue share a hash tag, so one Redis Cluster slot; several locks are
 -- in several slots, so in Redis Cluster the caller sends one lock per call.
@@ -35,7 +40,8 @@
 -- is the first that another token holds (pttl is -1 when the key has no expiry);
 -- {-1, 0, i} when lock i is a lock with Limit(n) (a hash, see slots.lua); {-2, pttl,
 -- i} when the caller parked at lock i; {-4, pttl, i} when it would have (ARGV[13]
--- "ask"). With ARGV[13] "ask", fences are followed by a 0 when a lock was claimed
+-- "ask"); {-5, pttl, i} when lock i's line was full (ARGV[14]) and nothing changed
+-- there. With ARGV[13] "ask", fences are followed by a 0 when a lock was claimed
 -- (handed to the ticket); so is a busy reply ({0, pttl, i} or {-2, pttl, i}) by a 1
 -- when the call claimed a lock before lock i, whatever ARGV[13]. Any of these is followed by the tickets of parked tasks a
 -- hand-over asks the caller to start, as handOver (plain.lua) gives them.
@@ -108,7 +114,10 @@ local function line(lock, q, v, e, pttl, ticket, start, i)
       return -4, pttl
     end
     local r = 0
-    if park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], mode, start, i) == 'parked' then
+    local p = park(q, e, pttl, ticket, ARGV[10], parkedId(ticket) .. ARGV[11], mode, start, i, tonumber(ARGV[14]), ARGV[15] == '1')
+    if p == 'full' then
+      return -5, pttl
+    elseif p == 'parked' then
       r = -2
     end
     if string.byte(v, STATE_AT) == HELD then
@@ -157,9 +166,9 @@ local function parkOnly(lock, q, v, id, e, ticket, start, i)
 end
 
 -- take takes lock (queue q) or queues the waiter (head, its entry's head; "" for
--- none), or parks it (ARGV[9..13]); it returns the fence (0: busy, -1: a lock with
--- Limit(n) holds the key, -2: parked, -4: would park) and the remaining lease of the
--- holder.
+-- none), or parks it (ARGV[9..15]); it returns the fence (0: busy, -1: a lock with
+-- Limit(n) holds the key, -2: parked, -4: would park, -5: its line is full) and the
+-- remaining lease of the holder.
 local function take(lock, q, id, ttl, head, queued, desc, start, i)
   local v = redis.pcall('GET', lock)
   if type(v) == 'table' then -- an error: a lock with Limit(n), a hash, holds the key

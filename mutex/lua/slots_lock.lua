@@ -15,12 +15,15 @@
 -- ARGV[9..12] -> the ticket of a task that may park in the line, its claim, the
 --            description of its task and what the caller does when every slot is
 --            taken, as in plain_lock.lua
+-- ARGV[13], ARGV[14] -> MaxLine's n ("0" or absent: no cap) and "1" to replace, as
+--            ARGV[14] and ARGV[15] in plain_lock.lua
 --
 -- Both keys share the hash tag, so one Redis Cluster slot.
 -- Returns {fence, 0} when a slot is ours; {0, ms} when all are taken, ms being the
 -- time until the earliest lease ends; {-1, m} when holders use another limit m;
 -- {-2, pttl} when a plain lock holds the key; {-3, 0} when the key holds another type;
--- {-4, ms} when the caller parked (ms as for {0, ms}). Any of these is followed by
+-- {-4, ms} when the caller parked (ms as for {0, ms}); {-5, ms} when the line was
+-- full (ARGV[13]) and the caller stands nowhere in it. Any of these is followed by
 -- the tickets of parked tasks a hand-over asks the caller to start, as slotsHandOver
 -- (slots.lua) gives them.
 --
@@ -91,7 +94,11 @@ if f then
 end
 local wait = math.max((s.first or c.ms) - c.ms, 1)
 if e ~= '' and ticket then
-  if park(KEYS[2], e, math.max(s.last - c.ms, 1), ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, 1) == 'parked' then
+  local p = park(KEYS[2], e, math.max(s.last - c.ms, 1), ticket, ARGV[10], parkedId(ticket) .. ARGV[11], ARGV[12], start, 1,
+    tonumber(ARGV[13]), ARGV[14] == '1')
+  if p == 'full' then
+    return reply({-5, wait})
+  elseif p == 'parked' then
     return reply({-4, wait})
   end
 elseif e ~= '' then

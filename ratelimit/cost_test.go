@@ -4,6 +4,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -259,5 +260,35 @@ func TestResetKeepsMarksOfAnEndedPause(t *testing.T) {
 	}
 	if ok, err := l.Cancel(ctx, key, r); !ok || err != nil {
 		t.Errorf("the Cancel sent again after Reset = %v, %v; want true, from its mark", ok, err)
+	}
+}
+
+// TestPauseHoldsBackStartsTakenAhead: a pause holds back the starts already taken
+// ahead within it, also when the key's starts reach past its end: a caller that comes
+// for its start within the pause gives it up and takes one after the key's last.
+func TestPauseHoldsBackStartsTakenAhead(t *testing.T) {
+	t.Parallel()
+	l, ctx, key := New(sharedServer(t)), context.Background(), uniqueKey(t)
+	lim := Rate{N: 10, Per: time.Second} // a start every 100ms
+	var due []time.Duration
+	for i := range 20 { // two seconds of starts, held for their callers
+		r, err := l.TakeAs(ctx, key, lim, "task-"+strconv.Itoa(i), 0, time.Minute)
+		if err != nil || !(r.Allowed || r.Held) {
+			t.Fatalf("TakeAs #%d = %+v, %v", i, r, err)
+		}
+		due = append(due, r.Delay)
+	}
+	if left, err := l.Pause(ctx, key, lim, time.Second); err != nil || left < 1900*time.Millisecond {
+		t.Fatalf("Pause(1s) = %v, %v; want the key held back by its last start, about 2s", left, err)
+	}
+	// task-5's start, due about half a second from now, falls within the pause.
+	r, err := l.TakeAs(ctx, key, lim, "task-5", 0, time.Minute)
+	if err != nil || !r.Found || r.Delay < 1900*time.Millisecond {
+		t.Errorf("TakeAs for a start within the pause = %+v, %v; want it given up and one taken after the key's last, about 2s away (was due in %v)", r, err, due[5])
+	}
+	// task-15's start, due after the pause, stands.
+	r, err = l.TakeAs(ctx, key, lim, "task-15", 0, time.Minute)
+	if err != nil || !r.Found || r.Delay > due[15] {
+		t.Errorf("TakeAs for a start after the pause = %+v, %v; want it kept, due in %v or less", r, err, due[15])
 	}
 }

@@ -266,7 +266,10 @@ func (l *Limiter) Cancel(ctx context.Context, key string, r Result) (bool, error
 // Redis: for an API that answered 429 with a Retry-After. lim is the key's limit:
 // the first start after the pause begins when it ends, the next ones at lim's
 // spacing, with no burst. A pause, or starts already taken, that hold the key back
-// longer stay. Pause returns how long the key is held back from now. It returns an
+// longer stay; starts taken ahead that fall within the pause are held back all the
+// same (given up when their callers come for them, and taken again after the key's
+// last), also when later ones reach past it. Pause returns how long the key is held
+// back from now. It returns an
 // error if lim is invalid, d is outside (0, MaxPer], or Redis could not be reached.
 // Safe for concurrent use.
 func (l *Limiter) Pause(ctx context.Context, key string, lim Rate, d time.Duration) (time.Duration, error) {
